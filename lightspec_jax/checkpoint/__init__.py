@@ -1,0 +1,46 @@
+"""Checkpoints: Hugging Face directories and our converted (orbax) format."""
+
+from __future__ import annotations
+
+import os
+
+from lightspec_jax.models import Qwen3
+
+from .converted import is_converted, read_marker, restore_params, save_converted
+from .qwen3 import abstract_qwen3, load_qwen3_hf, read_qwen3_config, resolve_dtype
+from .safetensors_io import CheckpointError, TensorReader
+
+__all__ = ["CheckpointError", "TensorReader", "convert_qwen3", "load_qwen3", "is_converted"]
+
+
+def load_qwen3(path: str, *, dtype: str | None = None) -> Qwen3:
+    """Loads a Qwen3 target from a Hugging Face directory or a converted one.
+
+    dtype: the parameter/activation dtype; None keeps a converted checkpoint's own dtype and
+    uses float32 for HF directories.
+    """
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint path {path!r} is not a directory")
+    if not is_converted(path):
+        return load_qwen3_hf(path, dtype=dtype or "float32")
+    marker = read_marker(path)
+    if marker.get("model") != "qwen3":
+        raise CheckpointError(f"{path} holds a converted {marker.get('model')!r}, not a qwen3 target")
+    cfg = read_qwen3_config(path)
+    saved = resolve_dtype(marker["dtype"])
+    model = restore_params(abstract_qwen3(cfg, saved), path)
+    if dtype is not None and resolve_dtype(dtype) != saved:
+        import jax
+        from flax import nnx
+        want = resolve_dtype(dtype)
+        state = nnx.state(model, nnx.Param)
+        nnx.update(model, jax.tree.map(lambda x: x.astype(want), state))
+    return model
+
+
+def convert_qwen3(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16") -> Qwen3:
+    """HF Qwen3 directory -> converted directory (orbax params + config + tokenizer files)."""
+    cfg = read_qwen3_config(hf_dir)
+    model = load_qwen3_hf(hf_dir, dtype=dtype)
+    save_converted(model, out_dir, model_kind="qwen3", hf_config=cfg.to_hf(), source_dir=hf_dir)
+    return model

@@ -1,0 +1,172 @@
+"""Hugging Face Qwen3 checkpoint -> our Qwen3 NNX module, as a name-map table plus transforms.
+
+The table maps each HF tensor name to a parameter path of `models.qwen3.Qwen3` and a named
+transform from torch layout ([out, in] Linear weights, heads as the slow axis of a feature) to
+ours (the convention of gpt-fast `scripts/convert_hf_checkpoint.py`: a table, a few transforms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lightspec_jax.models import Qwen3, Qwen3Config
+from lightspec_jax.models.config import ConfigError
+
+from .safetensors_io import CheckpointError, TensorReader, read_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """HF tensor -> our layout; `hf_shape` says what shape the HF tensor must have."""
+
+    name: str
+    hf_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+    apply: Callable[[np.ndarray, tuple[int, ...]], np.ndarray]
+
+
+IDENTITY = Transform("identity", lambda s: s, lambda w, s: w)
+# torch Linear [out, in] -> kernel [in, out]
+TRANSPOSE = Transform("transpose", lambda s: s[::-1], lambda w, s: w.T)
+# q/k/v: [heads*D, H] -> [H, heads, D] (feature = head*D + d, heads the slow axis)
+TO_HEADS = Transform("to_heads", lambda s: (s[1] * s[2], s[0]), lambda w, s: w.T.reshape(s))
+# o_proj: [H, heads*D] -> [heads, D, H]
+FROM_HEADS = Transform("from_heads", lambda s: (s[2], s[0] * s[1]), lambda w, s: w.T.reshape(s))
+
+# HF name (global) -> (our path, transform)
+GLOBAL_MAP = {
+    "model.embed_tokens.weight": ("embed", IDENTITY),
+    "model.norm.weight": ("norm", IDENTITY),
+    "lm_head.weight": ("lm_head", TRANSPOSE),
+}
+# HF name under model.layers.{i}. -> (our stacked path under layers., transform)
+LAYER_MAP = {
+    "input_layernorm.weight": ("input_norm", IDENTITY),
+    "self_attn.q_proj.weight": ("q_proj", TO_HEADS),
+    "self_attn.k_proj.weight": ("k_proj", TO_HEADS),
+    "self_attn.v_proj.weight": ("v_proj", TO_HEADS),
+    "self_attn.o_proj.weight": ("o_proj", FROM_HEADS),
+    "self_attn.q_norm.weight": ("q_norm", IDENTITY),
+    "self_attn.k_norm.weight": ("k_norm", IDENTITY),
+    "post_attention_layernorm.weight": ("post_norm", IDENTITY),
+    "mlp.gate_proj.weight": ("gate_proj", TRANSPOSE),
+    "mlp.up_proj.weight": ("up_proj", TRANSPOSE),
+    "mlp.down_proj.weight": ("down_proj", TRANSPOSE),
+}
+_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# Buffers some exporters store that carry no parameters.
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+def read_qwen3_config(directory: str) -> Qwen3Config:
+    hf = read_json(os.path.join(directory, "config.json"))
+    try:
+        return Qwen3Config.from_hf(hf)
+    except ConfigError as e:
+        raise CheckpointError(f"{os.path.join(directory, 'config.json')}: {e}") from e
+
+
+def resolve_dtype(dtype) -> jnp.dtype:
+    try:
+        return jnp.dtype(dtype)
+    except TypeError as e:
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32' or 'bfloat16'") from e
+
+
+def abstract_qwen3(cfg: Qwen3Config, dtype) -> Qwen3:
+    """The module with ShapeDtypeStruct leaves: shapes without allocating weights."""
+    return nnx.eval_shape(lambda: Qwen3(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+
+
+def load_qwen3_hf(directory: str, *, dtype="float32") -> Qwen3:
+    """Loads a Qwen3 HF directory (config.json + safetensors, single or sharded) into Qwen3.
+
+    Stacked layer parameters are filled in a preallocated host buffer one HF tensor at a time and
+    moved to the device one parameter at a time, so peak host memory stays near one model copy.
+    """
+    dtype = resolve_dtype(dtype)
+    cfg = read_qwen3_config(directory)
+    model = abstract_qwen3(cfg, dtype)
+    with TensorReader(directory) as reader:
+        plan = _plan_tensors(cfg, reader)
+        for path, sources in plan.items():
+            var = _variable(model, path)
+            target_shape = tuple(var.get_value().shape)
+            np_dtype = np.dtype(dtype)
+            if path.startswith("layers."):
+                buf = np.empty(target_shape, np_dtype)
+                for layer, (hf_name, transform) in enumerate(sources):
+                    buf[layer] = _read(reader, hf_name, transform, target_shape[1:]).astype(np_dtype)
+            else:
+                (hf_name, transform), = sources
+                buf = _read(reader, hf_name, transform, target_shape).astype(np_dtype)
+            var.set_value(jnp.asarray(buf))
+            del buf
+    return model
+
+
+def _plan_tensors(cfg: Qwen3Config, reader: TensorReader) -> dict[str, list[tuple[str, Transform]]]:
+    """our path -> HF sources (one per layer for stacked params); checks the key set."""
+    plan: dict[str, list[tuple[str, Transform]]] = {}
+    for hf_name, (path, transform) in GLOBAL_MAP.items():
+        plan[path] = [(hf_name, transform)]
+    if cfg.tie_word_embeddings:
+        del plan["lm_head"]
+    for ours, _ in LAYER_MAP.values():
+        plan[f"layers.{ours}"] = []
+    for layer in range(cfg.num_layers):
+        for suffix, (ours, transform) in LAYER_MAP.items():
+            plan[f"layers.{ours}"].append((f"model.layers.{layer}.{suffix}", transform))
+
+    expected = {hf for sources in plan.values() for hf, _ in sources}
+    present = set(reader.keys())
+    if not cfg.tie_word_embeddings and "lm_head.weight" not in present:
+        raise CheckpointError(
+            f"missing tensor 'lm_head.weight' in {reader.directory}: config.json says "
+            "tie_word_embeddings=false, so an untied checkpoint must store its lm_head")
+    missing = sorted(expected - present)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"missing tensor {missing[0]!r}{more} in {reader.directory}")
+    unexpected = sorted(k for k in present - expected
+                        if not _IGNORED.match(k) and k != "lm_head.weight")
+    if unexpected:
+        m = _LAYER_KEY.match(unexpected[0])
+        hint = (f": config.json has num_hidden_layers={cfg.num_layers}"
+                if m and int(m.group(1)) >= cfg.num_layers else "")
+        raise CheckpointError(
+            f"unexpected tensor {unexpected[0]!r} in {reader.directory} "
+            f"({len(unexpected)} unexpected in all){hint}")
+    return plan
+
+
+def _read(reader: TensorReader, hf_name: str, transform: Transform,
+          target_shape: tuple[int, ...]) -> np.ndarray:
+    want = tuple(transform.hf_shape(target_shape))
+    got = reader.shape(hf_name)
+    if got != want:
+        raise CheckpointError(
+            f"tensor {hf_name!r} in {reader.directory} has shape {list(got)}, expected "
+            f"{list(want)} from config.json")
+    return transform.apply(reader.get(hf_name), target_shape)
+
+
+def _variable(model: nnx.Module, path: str) -> nnx.Variable:
+    obj = model
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def param_count(model: nnx.Module) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

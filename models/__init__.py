@@ -1,0 +1,7 @@
+"""Flax NNX model definitions: the Qwen3 target (and, later, drafters)."""
+
+from .config import PRESETS, ConfigError, Qwen3Config
+from .kv_cache import KVCache
+from .qwen3 import Qwen3, Qwen3Output
+
+__all__ = ["PRESETS", "ConfigError", "KVCache", "Qwen3", "Qwen3Config", "Qwen3Output"]

@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny Hugging Face Qwen3 checkpoints built on the fly (nothing downloaded)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from hf_fixtures import TinySpec, build_hf_qwen3  # noqa: E402
+
+_CACHE_DIR = os.environ.get("LIGHTSPEC_TEST_JAX_CACHE",
+                            os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
+jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE_DIR))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+# Variants the parity tests sweep: tied/untied, sharded/single, rope theta != 1e4,
+# head_dim != hidden/heads (32 != 64/4).
+CHECKPOINTS = {
+    "untied_sharded": TinySpec(tied=False, shard_size="50KB", rope_theta=12345.0),
+    "tied_single": TinySpec(tied=True, shard_size=None, rope_theta=1_000_000.0),
+}
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory):
+    """name -> (directory, transformers model in eval mode, fp32, eager attention)."""
+    out = {}
+    for name, spec in CHECKPOINTS.items():
+        out[name] = build_hf_qwen3(str(tmp_path_factory.mktemp(name)), spec)
+    return out
+
+
+@pytest.fixture(scope="session", params=sorted(CHECKPOINTS))
+def hf_checkpoint(request, hf_checkpoints):
+    return hf_checkpoints[request.param]
