@@ -26,22 +26,45 @@ def write_kv(cache_k: jax.Array, cache_v: jax.Array, layer: jax.Array, slots: ja
 
 
 def cached_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, layer: jax.Array,
-                     slots: jax.Array, positions: jax.Array) -> jax.Array:
+                     slots: jax.Array, positions: jax.Array, *, block: int = 128) -> jax.Array:
     """q [T, Q, D] against layer `layer` of cache [L, N, S, G, D] -> [T, Q, D].
 
-    Softmax in fp32 with scores scaled by D^-0.5; GQA maps query head j to KV head j // (Q/G).
-    This path gathers each row's whole slot strip ([T, S, G, D]); the GPU kernel reads each
-    request's KV once for all its rows instead.
+    Scores are scaled by D^-0.5 and the softmax runs in fp32; GQA maps query head j to KV head
+    j // (Q/G). The cache is read in blocks of `block` positions with an online softmax, and
+    only up to the largest row position: the cost follows the live context, not the cache
+    length. Each row gathers its own slot's block, so a request's KV is read once per row; the
+    GPU kernel reads it once per request instead.
     """
     num_rows, num_q, head_dim = q.shape
-    num_kv = cache_k.shape[3]
-    k = cache_k[layer, slots]  # [T, S, G, D] (slots clipped for padding rows)
-    v = cache_v[layer, slots]  # [T, S, G, D]
+    max_len, num_kv = cache_k.shape[2], cache_k.shape[3]
+    if max_len % block:
+        block = max_len  # one block; the engine sizes caches as a multiple of the block
     qg = q.reshape(num_rows, num_kv, num_q // num_kv, head_dim)  # [T, G, Q/G, D]
-    scores = jnp.einsum("tgqd,tsgd->tgqs", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (head_dim ** -0.5)
-    visible = jnp.arange(cache_k.shape[2])[None, :] <= positions[:, None]  # [T, S]
-    scores = jnp.where(visible[:, None, None, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [T, G, Q/G, S]
-    out = jnp.einsum("tgqs,tsgd->tgqd", probs, v, preferred_element_type=jnp.float32)
+    offsets = jnp.arange(block)  # [blk]
+
+    def read_block(b, carry):
+        running_max, denom, acc = carry  # [T, G, Q/G], [T, G, Q/G], [T, G, Q/G, D] fp32
+        key_pos = b * block + offsets  # [blk]
+        kb = cache_k[layer, slots[:, None], key_pos[None, :]]  # [T, blk, G, D]
+        vb = cache_v[layer, slots[:, None], key_pos[None, :]]  # [T, blk, G, D]
+        scores = jnp.einsum("tgqd,tsgd->tgqs", qg, kb, preferred_element_type=jnp.float32)
+        scores = scores * (head_dim ** -0.5)
+        visible = key_pos[None, :] <= positions[:, None]  # [T, blk]
+        scores = jnp.where(visible[:, None, None, :], scores, _MASK_VALUE)
+        # Block 0 always holds position 0, so running_max is a real score after it and fully
+        # masked later blocks contribute exp(mask - max) = 0.
+        new_max = jnp.maximum(running_max, scores.max(axis=-1))
+        probs = jnp.exp(scores - new_max[..., None])  # [T, G, Q/G, blk]
+        correction = jnp.exp(running_max - new_max)
+        denom = denom * correction + probs.sum(axis=-1)
+        acc = acc * correction[..., None] + jnp.einsum(
+            "tgqs,tsgd->tgqd", probs.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
+        return new_max, denom, acc
+
+    stats_shape = (num_rows, num_kv, num_q // num_kv)
+    init = (jnp.full(stats_shape, _MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32),
+            jnp.zeros((*stats_shape, head_dim), jnp.float32))
+    num_blocks = jnp.max(positions) // block + 1
+    _, denom, acc = jax.lax.fori_loop(0, num_blocks, read_block, init)
+    out = acc / denom[..., None]
     return out.reshape(num_rows, num_q, head_dim).astype(q.dtype)

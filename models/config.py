@@ -118,8 +118,8 @@ class Qwen3Config:
             "attention_bias": False,
             "use_sliding_window": False,
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1
-            else self.eos_token_ids[0],
+            "eos_token_id": (None if not self.eos_token_ids else self.eos_token_ids[0]
+                             if len(self.eos_token_ids) == 1 else list(self.eos_token_ids)),
         }
 
 

@@ -7,10 +7,11 @@ import os
 from lightspec_jax.models import Qwen3
 
 from .converted import is_converted, read_marker, restore_params, save_converted
-from .qwen3 import abstract_qwen3, load_qwen3_hf, read_qwen3_config, resolve_dtype
+from .qwen3 import abstract_qwen3, load_qwen3_hf, read_qwen3_config, resolve_dtype, save_qwen3_hf
 from .safetensors_io import CheckpointError, TensorReader
 
-__all__ = ["CheckpointError", "TensorReader", "convert_qwen3", "load_qwen3", "is_converted"]
+__all__ = ["CheckpointError", "TensorReader", "convert_qwen3", "is_converted", "load_qwen3",
+           "save_qwen3_hf"]
 
 
 def load_qwen3(path: str, *, dtype: str | None = None) -> Qwen3:

@@ -28,20 +28,23 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Transform:
-    """HF tensor -> our layout; `hf_shape` says what shape the HF tensor must have."""
+    """HF tensor <-> our layout; `hf_shape` says what shape the HF tensor must have."""
 
     name: str
     hf_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
-    apply: Callable[[np.ndarray, tuple[int, ...]], np.ndarray]
+    apply: Callable[[np.ndarray, tuple[int, ...]], np.ndarray]  # HF -> ours (target shape)
+    invert: Callable[[np.ndarray], np.ndarray]  # ours -> HF
 
 
-IDENTITY = Transform("identity", lambda s: s, lambda w, s: w)
+IDENTITY = Transform("identity", lambda s: s, lambda w, s: w, lambda w: w)
 # torch Linear [out, in] -> kernel [in, out]
-TRANSPOSE = Transform("transpose", lambda s: s[::-1], lambda w, s: w.T)
+TRANSPOSE = Transform("transpose", lambda s: s[::-1], lambda w, s: w.T, lambda w: w.T)
 # q/k/v: [heads*D, H] -> [H, heads, D] (feature = head*D + d, heads the slow axis)
-TO_HEADS = Transform("to_heads", lambda s: (s[1] * s[2], s[0]), lambda w, s: w.T.reshape(s))
+TO_HEADS = Transform("to_heads", lambda s: (s[1] * s[2], s[0]), lambda w, s: w.T.reshape(s),
+                     lambda w: w.reshape(w.shape[0], -1).T)
 # o_proj: [H, heads*D] -> [heads, D, H]
-FROM_HEADS = Transform("from_heads", lambda s: (s[2], s[0] * s[1]), lambda w, s: w.T.reshape(s))
+FROM_HEADS = Transform("from_heads", lambda s: (s[2], s[0] * s[1]), lambda w, s: w.T.reshape(s),
+                       lambda w: w.reshape(-1, w.shape[-1]).T)
 
 # HF name (global) -> (our path, transform)
 GLOBAL_MAP = {
@@ -170,3 +173,51 @@ def _variable(model: nnx.Module, path: str) -> nnx.Variable:
 
 def param_count(model: nnx.Module) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def save_qwen3_hf(model: Qwen3, directory: str, *, max_shard_bytes: int | None = None) -> None:
+    """Writes `model` as a Hugging Face Qwen3 directory (config.json + safetensors).
+
+    The inverse of `load_qwen3_hf` through the same table; transformers reads the result.
+    With max_shard_bytes, tensors are split over `model-0000K-of-0000N.safetensors` files
+    listed in `model.safetensors.index.json`.
+    """
+    import json
+
+    from safetensors.numpy import save_file
+
+    cfg = model.config
+    tensors: dict[str, np.ndarray] = {}
+    for hf_name, (path, transform) in GLOBAL_MAP.items():
+        if path == "lm_head" and model.lm_head is None:
+            continue
+        tensors[hf_name] = transform.invert(np.asarray(_variable(model, path)[...]))
+    for suffix, (ours, transform) in LAYER_MAP.items():
+        stacked = np.asarray(_variable(model, f"layers.{ours}")[...])
+        for layer in range(cfg.num_layers):
+            tensors[f"model.layers.{layer}.{suffix}"] = transform.invert(stacked[layer])
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump({**cfg.to_hf(), "torch_dtype": str(next(iter(tensors.values())).dtype),
+                   "dtype": str(next(iter(tensors.values())).dtype)}, f, indent=2)
+    metadata = {"format": "pt"}
+    if max_shard_bytes is None:
+        save_file(tensors, os.path.join(directory, "model.safetensors"), metadata=metadata)
+        return
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, value in tensors.items():
+        if shards[-1] and size + value.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = value
+        size += value.nbytes
+    weight_map = {}
+    for k, shard in enumerate(shards, 1):
+        filename = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(directory, filename), metadata=metadata)
+        weight_map.update({name: filename for name in shard})
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
+                   "weight_map": weight_map}, f, indent=2)

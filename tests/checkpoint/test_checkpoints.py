@@ -214,3 +214,24 @@ def test_v4_and_v5_rope_spellings_agree(broken):
 def test_convert_cli_reports_errors(tmp_path, capsys):
     assert convert_main([str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shard", [None, 20_000])
+def test_export_to_hf_round_trip(hf_checkpoint, tmp_path, shard):
+    """Our HF writer is the loader's inverse, and transformers reads what it writes."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from lightspec_jax.checkpoint import save_qwen3_hf
+
+    directory, hf_model = hf_checkpoint
+    model = load_qwen3(directory)
+    out = tmp_path / "exported"
+    save_qwen3_hf(model, str(out), max_shard_bytes=shard)
+    assert (out / ("model.safetensors" if shard is None else "model.safetensors.index.json")).is_file()
+    np.testing.assert_array_equal(_logits(load_qwen3(str(out)), TOKENS), _logits(model, TOKENS))
+    reread = Qwen3ForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([TOKENS])).logits[0].numpy()
+        got = reread(torch.tensor([TOKENS])).logits[0].numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)

@@ -1,0 +1,124 @@
+"""User-facing configuration: frozen, keyword-only, validated at construction.
+
+Facts measured at run time (cost tables, compile times) live in their own objects and are never
+written back here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+
+
+class Policy(str, enum.Enum):
+    NONE = "none"  # plain decoding
+    STATIC = "static"  # draft K, verify all of it (the classic MTP=K baseline)
+    DYNAMIC = "dynamic"  # LightSpec
+    DSPARK = "dspark"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    policy: Policy | str = Policy.NONE
+    num_speculative_tokens: int = 0  # K: the (maximum) draft depth
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "policy", Policy(self.policy))
+        except ValueError:
+            raise ValueError(f"unknown speculative policy {self.policy!r}; choose one of "
+                             f"{[p.value for p in Policy]}") from None
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or k < 0 or k > 15:
+            raise ValueError(f"num_speculative_tokens must be an int in [0, 15] (the verify "
+                             f"width K+1 is at most 16), got {k!r}")
+        if self.policy is not Policy.NONE and k == 0:
+            raise ValueError(f"policy {self.policy.value!r} needs num_speculative_tokens >= 1")
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "lightspec_jax", "jax_cache")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    max_num_seqs: int = 16  # N: request slots decoded together
+    max_model_len: int = 2048  # prompt + generated tokens per request
+    dtype: str = "bfloat16"  # parameter and activation dtype
+    # Flat rows one step may carry (decode rows + prefill chunk rows); long prompts are split
+    # into chunks so they never stall running decodes for their whole length.
+    max_num_batched_tokens: int = 256
+    # Compiled row-count buckets; None = powers of two from 8 up to max_num_batched_tokens.
+    row_buckets: tuple[int, ...] | None = None
+    speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
+    # Persistent XLA compilation cache (None disables it); a second start is then fast.
+    compilation_cache_dir: str | None = dataclasses.field(default_factory=_default_cache_dir)
+    # Raise if anything compiles while serving: every device step must come from the registry.
+    forbid_recompile: bool = True
+    seed: int = 0  # engine-level randomness for requests sampled without their own seed
+    show_progress: bool = True  # progress bar while compiling buckets
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running request gets its decode row each step")
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be 'bfloat16', 'float16' or 'float32', got {self.dtype!r}")
+        if self.row_buckets is not None:
+            buckets = tuple(sorted(set(self.row_buckets)))
+            if not buckets or buckets[0] < 1:
+                raise ValueError(f"row_buckets must be positive ints, got {self.row_buckets!r}")
+            if buckets[-1] < self.max_num_batched_tokens:
+                raise ValueError(f"the largest row bucket ({buckets[-1]}) must cover "
+                                 f"max_num_batched_tokens ({self.max_num_batched_tokens})")
+            object.__setattr__(self, "row_buckets", buckets)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The compiled row counts of the plain (prefill + decode) step."""
+        if self.row_buckets is not None:
+            return self.row_buckets
+        out, b = [], 8
+        while b < self.max_num_batched_tokens:
+            out.append(b)
+            b *= 2
+        out.append(self.max_num_batched_tokens)
+        return tuple(sorted(set(out)))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int | None = None  # per-request reproducibility; None draws from the engine seed
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature < float("inf"):
+            raise ValueError(f"temperature must be a finite float >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**32):
+            raise ValueError(f"seed must be None or an int in [0, 2**32), got {self.seed!r}")
+        stops = tuple(self.stop_token_ids)
+        if any(not isinstance(t, int) or t < 0 for t in stops):
+            raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+        object.__setattr__(self, "stop_token_ids", stops)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,233 @@
+"""The serving engine: public API over the scheduler (host) and the compiled device steps.
+
+    engine = Engine.from_pretrained(path, config=EngineConfig(max_num_seqs=16))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=64))
+
+or, in a custom serving loop: add_request / step / abort / has_unfinished_requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .buckets import CompileWatch, enable_compilation_cache
+from .config import EngineConfig, Policy, SamplingParams
+from .request import FinishReason, Request, RequestError, RequestOutput
+from .runner import PlainRunner, StepInputs
+from .scheduler import ScheduledStep, Scheduler
+from .tokenizer import Tokenizer, load_eos_ids
+
+log = logging.getLogger(__name__)
+
+
+def _cache_len(max_model_len: int, block: int = 128) -> int:
+    """KV strip length: whole attention blocks, so reads stop at the live context."""
+    return max_model_len if max_model_len <= block else -(-max_model_len // block) * block
+
+
+class Engine:
+    def __init__(self, model, *, config: EngineConfig = EngineConfig(),
+                 tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = ()):
+        if config.speculative.policy is not Policy.NONE:
+            raise NotImplementedError(
+                f"speculative policy {config.speculative.policy.value!r} is not available yet; "
+                "use SpeculativeConfig(policy='none')")
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vocab_size = model.config.vocab_size
+        self.eos_token_ids = frozenset(eos_token_ids)
+        start = time.perf_counter()
+        self.runner = PlainRunner(model, num_slots=config.max_num_seqs,
+                                  cache_len=_cache_len(config.max_model_len), buckets=config.buckets,
+                                  show_progress=config.show_progress)
+        self.compile_seconds = time.perf_counter() - start
+        if config.show_progress:
+            print(f"lightspec_jax: compiled {len(config.buckets)} plain-step buckets "
+                  f"{list(config.buckets)} in {self.compile_seconds:.1f} s")
+        self.scheduler = Scheduler(num_slots=config.max_num_seqs,
+                                   max_rows=config.max_num_batched_tokens)
+        self._requests: dict[str, Request] = {}  # live or not yet reported as finished
+        self._rng = np.random.default_rng(config.seed)
+        self._auto_id = 0
+
+    @classmethod
+    def from_pretrained(cls, target_path: str, drafter_path: str | None = None, *,
+                        config: EngineConfig = EngineConfig()) -> "Engine":
+        """Loads a Qwen3 target from a Hugging Face or converted directory (nothing downloaded)."""
+        from .checkpoint import load_qwen3
+
+        if drafter_path is not None:
+            raise NotImplementedError("drafters are not supported yet; pass drafter_path=None")
+        enable_compilation_cache(config.compilation_cache_dir)
+        model = load_qwen3(target_path, dtype=config.dtype)
+        tok_path = os.path.join(target_path, "tokenizer.json")
+        tokenizer = Tokenizer.from_file(tok_path) if os.path.isfile(tok_path) else None
+        eos = set(model.config.eos_token_ids) | load_eos_ids(target_path)
+        return cls(model, config=config, tokenizer=tokenizer, eos_token_ids=sorted(eos))
+
+    # --- public API -------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | Sequence[int],
+                    params: SamplingParams | None = None) -> None:
+        """Queues a request; raises RequestError (and changes nothing) if it is invalid."""
+        request = self._make_request(request_id, prompt, params or SamplingParams())
+        self._requests[request.request_id] = request
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        """Stops a request; the next step() reports it finished with reason 'abort'."""
+        request = self._requests.get(request_id)
+        if request is None or request.finished:
+            raise RequestError(f"cannot abort {request_id!r}: no unfinished request has this id")
+        self.scheduler.finish(request, FinishReason.ABORT)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one engine step; returns each request that produced tokens or finished."""
+        with CompileWatch("Engine.step", enabled=self.config.forbid_recompile):
+            touched: list[Request] = [r for r in self._requests.values() if r.finished]
+            if self.scheduler.running or self.scheduler.waiting:
+                batch = self.scheduler.schedule()
+                new_tokens = np.asarray(self.runner.run(self._build_inputs(batch)))
+                touched += self._commit(batch, new_tokens)
+            return [self._report(r) for r in touched]
+
+    def generate(self, prompts: Sequence[str | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Serves `prompts` to completion; outputs come back in prompt order."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("generate() needs an idle engine: requests added with "
+                               "add_request() are still unfinished (drive them with step())")
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("generate() takes a list of prompts; wrap a single prompt in a list")
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        requests = []
+        for prompt, p in zip(prompts, params):  # validate everything before queueing anything
+            self._auto_id += 1
+            requests.append(self._make_request(f"generate-{self._auto_id}", prompt, p,
+                                               pending=requests))
+        for request in requests:
+            self._requests[request.request_id] = request
+            self.scheduler.add(request)
+        results: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    results[out.request_id] = out
+        return [results[r.request_id] for r in requests]
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _make_request(self, request_id, prompt, params, pending=()) -> Request:
+        if not isinstance(request_id, str) or not request_id:
+            raise RequestError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self._requests or any(r.request_id == request_id for r in pending):
+            raise RequestError(f"duplicate request id {request_id!r}: a request with this id "
+                               "is still unfinished")
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        tokens = self._tokenize(request_id, prompt)
+        limit = self.config.max_model_len
+        if len(tokens) >= limit:
+            raise RequestError(f"request {request_id!r}: prompt has {len(tokens)} tokens; "
+                               f"max_model_len={limit} leaves no room to generate (need < {limit})")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"request {request_id!r}: token id {bad[0]} is outside the "
+                               f"vocabulary [0, {self.vocab_size})")
+        bad_stops = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad_stops:
+            raise RequestError(f"request {request_id!r}: stop token id {bad_stops[0]} is outside "
+                               f"the vocabulary [0, {self.vocab_size})")
+        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**32))
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        return Request(request_id=request_id, prompt_token_ids=tokens, params=params, seed=seed,
+                       stop_ids=frozenset(stops))
+
+    def _tokenize(self, request_id: str, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(f"request {request_id!r}: string prompts need a tokenizer.json "
+                                   "beside the checkpoint; pass token ids instead")
+            tokens = self.tokenizer.encode(prompt)
+        else:
+            try:
+                tokens = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                raise RequestError(f"request {request_id!r}: prompt must be a str or a sequence "
+                                   f"of ints, got {type(prompt).__name__}") from None
+            if any(not isinstance(t, (int, np.integer)) for t in prompt):
+                raise RequestError(f"request {request_id!r}: prompt token ids must be ints")
+        if not tokens:
+            raise RequestError(f"request {request_id!r}: empty prompt")
+        return tokens
+
+    def _build_inputs(self, batch: ScheduledStep) -> StepInputs:
+        inputs = self.runner.empty_inputs(self.runner.registry.pick(batch.num_rows))
+        sampling: list[tuple[Request, int]] = []  # (request, row its next token is sampled from)
+        row = 0
+        for request in batch.decodes:
+            inputs.row_slot[row] = request.slot
+            inputs.row_pos[row] = request.total_len - 1
+            inputs.row_from_device[row] = True
+            sampling.append((request, row))
+            row += 1
+        for chunk in batch.prefills:
+            end = row + chunk.length
+            inputs.row_slot[row:end] = chunk.request.slot
+            inputs.row_pos[row:end] = np.arange(chunk.start, chunk.start + chunk.length)
+            inputs.row_token[row:end] = chunk.request.prompt_token_ids[chunk.start:chunk.start + chunk.length]
+            if chunk.completes_prompt:
+                sampling.append((chunk.request, end - 1))
+            row = end
+        for request, sample_row in sampling:
+            slot, p = request.slot, request.params
+            inputs.sample_row[slot] = sample_row
+            inputs.temperature[slot] = p.temperature
+            inputs.top_k[slot] = p.top_k
+            inputs.top_p[slot] = p.top_p
+            inputs.seed[slot] = request.seed
+            inputs.sample_pos[slot] = request.total_len
+        return inputs
+
+    def _commit(self, batch: ScheduledStep, new_tokens: np.ndarray) -> list[Request]:
+        """Applies one step's results to host state; returns the requests that changed."""
+        changed = []
+        for chunk in batch.prefills:
+            chunk.request.num_prefilled += chunk.length
+        sampled = list(batch.decodes) + [c.request for c in batch.prefills if c.completes_prompt]
+        for request in sampled:
+            if request.finished:  # aborted while its step was in flight
+                continue
+            token = int(new_tokens[request.slot])
+            request.output_token_ids.append(token)
+            reason = self._finish_reason(request, token)
+            if reason is not None:
+                self.scheduler.finish(request, reason)
+            changed.append(request)
+        return changed
+
+    def _finish_reason(self, request: Request, token: int) -> FinishReason | None:
+        if token in request.stop_ids:
+            return FinishReason.STOP
+        if (len(request.output_token_ids) >= request.params.max_tokens
+                or request.total_len >= self.config.max_model_len):
+            return FinishReason.LENGTH
+        return None
+
+    def _report(self, request: Request) -> RequestOutput:
+        if request.finished:
+            self._requests.pop(request.request_id, None)
+        text = self.tokenizer.decode(request.output_token_ids) if self.tokenizer else None
+        return request.report(text)

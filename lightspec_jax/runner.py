@@ -1,0 +1,102 @@
+"""Device side of the plain (prefill + decode) step: pure jitted functions over split NNX state.
+
+The model is split once into a graph definition and a flat list of parameter leaves; each step
+merges them inside the jitted function (the cheapest NNX call path, see
+reference/jax-platform-notes.md). The KV cache and the per-slot last tokens are donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from lightspec_jax.models import KVCache, Qwen3
+
+from .buckets import BucketRegistry
+from .sampling import sample
+
+
+class StepInputs(NamedTuple):
+    """Host-built inputs of one plain step (numpy; T rows padded to a bucket, N slots)."""
+
+    row_slot: np.ndarray  # [T] int32, padding rows = N (their cache writes are dropped)
+    row_pos: np.ndarray  # [T] int32
+    row_token: np.ndarray  # [T] int32, ignored where row_from_device
+    row_from_device: np.ndarray  # [T] bool: decode rows take the slot's last sampled token
+    sample_row: np.ndarray  # [N] int32: row whose logits give the slot's next token, -1 none
+    temperature: np.ndarray  # [N] f32
+    top_k: np.ndarray  # [N] int32
+    top_p: np.ndarray  # [N] f32
+    seed: np.ndarray  # [N] uint32
+    sample_pos: np.ndarray  # [N] int32: sequence position of the token being sampled
+
+
+@dataclasses.dataclass
+class DeviceState:
+    cache: KVCache  # [L, N, S, G, D] each
+    last_token: jax.Array  # [N] int32: newest sampled token per slot (its KV not yet cached)
+
+
+def _plain_step(graphdef, param_leaves, treedef, cache: KVCache, last_token: jax.Array,
+                inputs: StepInputs):
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
+    num_slots = last_token.shape[0]
+    device_tokens = last_token[jnp.clip(inputs.row_slot, 0, num_slots - 1)]
+    tokens = jnp.where(inputs.row_from_device, device_tokens, inputs.row_token)  # [T]
+    out = model(tokens, inputs.row_pos, inputs.row_slot, cache,
+                logits_rows=jnp.maximum(inputs.sample_row, 0))  # logits [N, V]
+    new_tokens = sample(out.logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.seed,
+                        inputs.sample_pos)  # [N]
+    last_token = jnp.where(inputs.sample_row >= 0, new_tokens, last_token)
+    return out.cache, last_token, new_tokens
+
+
+class PlainRunner:
+    """Owns the device state and the compiled plain steps, one per row bucket."""
+
+    def __init__(self, model: Qwen3, *, num_slots: int, cache_len: int, buckets: tuple[int, ...],
+                 show_progress: bool = True):
+        self.model = model
+        self.num_slots = num_slots
+        graphdef, state = nnx.split(model)
+        leaves, treedef = jax.tree.flatten(state)
+        self._param_leaves = leaves
+        self.state = DeviceState(
+            cache=model.new_cache(num_slots=num_slots, max_len=cache_len),
+            last_token=jnp.zeros((num_slots,), jnp.int32))
+        self.registry = BucketRegistry("plain step", buckets)
+
+        def step(param_leaves, cache, last_token, inputs):
+            return _plain_step(graphdef, param_leaves, treedef, cache, last_token, inputs)
+
+        abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
+        for rows in tqdm(self.registry.sizes, desc="compiling plain-step buckets",
+                         disable=not show_progress, leave=False):
+            self.registry.compile(
+                rows, step, jax.tree.map(abstract, leaves), jax.tree.map(abstract, self.state.cache),
+                abstract(self.state.last_token),
+                jax.tree.map(abstract, self.empty_inputs(rows)),
+                donate_argnames=("cache", "last_token"))
+
+    def empty_inputs(self, rows: int) -> StepInputs:
+        n = self.num_slots
+        return StepInputs(
+            row_slot=np.full((rows,), n, np.int32), row_pos=np.zeros((rows,), np.int32),
+            row_token=np.zeros((rows,), np.int32), row_from_device=np.zeros((rows,), bool),
+            sample_row=np.full((n,), -1, np.int32), temperature=np.zeros((n,), np.float32),
+            top_k=np.zeros((n,), np.int32), top_p=np.ones((n,), np.float32),
+            seed=np.zeros((n,), np.uint32), sample_pos=np.zeros((n,), np.int32))
+
+    def run(self, inputs: StepInputs) -> jax.Array:
+        """Dispatches one step (asynchronously); returns the sampled tokens [N] (device)."""
+        rows = inputs.row_slot.shape[0]
+        cache, last_token, new_tokens = self.registry(
+            rows, self._param_leaves, self.state.cache, self.state.last_token, inputs)
+        self.state = DeviceState(cache=cache, last_token=last_token)
+        return new_tokens

@@ -1,0 +1,81 @@
+"""Token sampling on the device: greedy, temperature, top-k, top-p, per-request seeds.
+
+Everything is per row, so requests with different parameters share one batch, and nothing
+syncs with the host. The random key of a row is derived from (request seed, position of the
+token being sampled): the same request samples the same token at the same position whatever
+it is batched with, and a speculative verify row samples exactly the token that plain decoding
+would have sampled there, which keeps exact-match verification lossless at any temperature.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _sortable_key(x: jax.Array) -> jax.Array:
+    """f32 -> uint32 with the same order (-0.0 folded onto +0.0 so equal values tie)."""
+    x = jnp.where(x == 0, 0.0, x)
+    i = jax.lax.bitcast_convert_type(x, jnp.int32)
+    i = jnp.where(i < 0, i ^ jnp.int32(0x7FFFFFFF), i)
+    return jax.lax.bitcast_convert_type(i, jnp.uint32) ^ jnp.uint32(0x80000000)
+
+
+def _largest_threshold(keys: jax.Array, weights: jax.Array, target: jax.Array) -> jax.Array:
+    """Per row, the largest key t with sum(weights[keys >= t]) >= target, found bit by bit.
+
+    keys [R, V] uint32, weights [R, V] >= 0, target [R] -> [R] uint32 (0 when none reaches it).
+    The weighted count only changes at actual keys, so t is always one of the row's keys. 32
+    masked reductions over [R, V] replace a full sort, which XLA on CPU does slowly.
+    """
+    def add_bit(bit, threshold):
+        trial = threshold | (jnp.uint32(1) << (31 - bit).astype(jnp.uint32))
+        mass = jnp.sum(jnp.where(keys >= trial[:, None], weights, 0), axis=-1)
+        return jnp.where(mass >= target, trial, threshold)
+
+    return jax.lax.fori_loop(0, 32, add_bit, jnp.zeros(keys.shape[:1], jnp.uint32))
+
+
+def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Masks logits [R, V] outside each row's top-k and then top-p set with -inf.
+
+    top_k [R] int32 (0 = off), top_p [R] f32 (1 = off). The order follows transformers'
+    TopKLogitsWarper then TopPLogitsWarper; top-p keeps the smallest most-likely-first set whose
+    mass reaches top_p (always at least the top token). Tokens tied with a threshold are kept
+    (transformers breaks such ties by sort position instead).
+    """
+    keys = _sortable_key(logits)  # [R, V]
+    k_threshold = _largest_threshold(keys, jnp.ones_like(logits), top_k.astype(jnp.float32))
+    in_k = keys >= jnp.where(top_k > 0, k_threshold, 0)[:, None]
+    probs = jax.nn.softmax(jnp.where(in_k, logits, -jnp.inf), axis=-1)  # [R, V]
+    p_threshold = _largest_threshold(keys, probs, top_p)
+    keep = in_k & (keys >= jnp.where(top_p < 1.0, p_threshold, 0)[:, None])
+    return jnp.where(keep, logits, -jnp.inf)
+
+
+def row_keys(seed: jax.Array, position: jax.Array) -> jax.Array:
+    """One PRNG key per row from (seed [R] uint32, position [R] int32)."""
+    base = jax.random.key(0)
+    return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(base, s), p))(seed, position)
+
+
+def sample(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
+           seed: jax.Array, position: jax.Array) -> jax.Array:
+    """Draws one token per row of logits [R, V] (fp32) -> [R] int32.
+
+    temperature [R] (0 = greedy argmax), top_k [R], top_p [R], seed [R] uint32, position [R]:
+    the sequence position of the token being sampled (for the key).
+    """
+    greedy = temperature <= 0.0
+    argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def draw(logits):
+        scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+        filtering = jnp.any(~greedy & ((top_k > 0) | (top_p < 1.0)))
+        masked = jax.lax.cond(filtering, lambda x: filter_logits(x, top_k, top_p),
+                              lambda x: x, scaled)
+        drawn = jax.vmap(jax.random.categorical)(row_keys(seed, position), masked)
+        return jnp.where(greedy, argmax, drawn).astype(jnp.int32)
+
+    # The common all-greedy batch skips filtering and the random draw altogether.
+    return jax.lax.cond(jnp.all(greedy), lambda x: argmax, draw, logits)

@@ -1,0 +1,49 @@
+"""Serving never compiles: every device step comes from the start-up registry."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lightspec_jax import SamplingParams
+from lightspec_jax.buckets import CompileWatch, RecompileError, compile_event_count
+
+
+def test_guard_fires_on_a_compile():
+    with pytest.raises(RecompileError):
+        with CompileWatch("test"):
+            jax.jit(lambda x: x * 3 + 1)(jnp.ones(7))
+
+
+def test_long_mixed_run_compiles_nothing(engine):
+    rng = np.random.default_rng(0)
+    buckets_used = set()
+    original_pick = engine.runner.registry.pick
+
+    def pick(n):
+        b = original_pick(n)
+        buckets_used.add(b)
+        return b
+
+    engine.runner.registry.pick = pick
+    before = compile_event_count()
+    try:
+        step, next_id = 0, 0
+        while step < 120 or engine.has_unfinished_requests():
+            if step < 120 and rng.random() < 0.4:
+                n = int(rng.choice([1, 3, 9, 20, 45]))
+                params = SamplingParams(max_tokens=int(rng.integers(1, 20)),
+                                        temperature=float(rng.choice([0.0, 0.8])),
+                                        top_k=int(rng.choice([0, 5])), ignore_eos=True)
+                engine.add_request(f"mixed-{next_id}", rng.integers(0, 200, size=n).tolist(), params)
+                next_id += 1
+            if step % 17 == 5 and engine._requests:
+                victim = next(iter(engine._requests.values()))
+                if not victim.finished:
+                    engine.abort(victim.request_id)
+            engine.step()  # CompileWatch inside raises on any compile
+            step += 1
+    finally:
+        engine.runner.registry.pick = original_pick
+    assert compile_event_count() == before
+    assert buckets_used == set(engine.runner.registry.sizes)
