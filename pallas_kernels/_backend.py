@@ -1,0 +1,77 @@
+"""Route selection and Triton tuning shared by the speculative-decoding kernels.
+
+Production picks the Pallas kernel only on a GPU: interpret mode on CPU is slow and erratic at
+real shapes (see reference/jax-platform-notes.md), so CPU runs call the plain-jnp reference.
+Tests force the kernel with ``impl="pallas", interpret=True``.
+
+GPU kernels go through the Triton route: jax 0.10.2 picks Mosaic GPU unless a Triton
+``CompilerParams`` is passed explicitly, and the same Triton kernels still lower on 0.11/0.12.
+Triton wants power-of-two tensor sizes, so ops pad their axes with ``pow2_at_least``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+from jax.experimental.pallas import triton as pl_triton
+
+Impl = Literal["pallas", "reference"] | None
+
+_IMPLS = ("pallas", "reference", None)
+
+# The verify width K+1 is at most 16 (LightSpec's MTP limit); every op pads it to exactly this.
+MAX_WIDTH = 16
+
+
+def use_pallas(impl: Impl = None, *, interpret: bool = False) -> bool:
+    """Whether an op should run its Pallas kernel (True) or its jnp reference (False).
+
+    ``impl=None`` means: the kernel on a GPU backend, the reference elsewhere, unless
+    ``interpret=True`` asks for the kernel in interpret mode. An explicit ``impl`` wins.
+    """
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl is not None:
+        return impl == "pallas"
+    return interpret or jax.default_backend() == "gpu"
+
+
+def pow2_at_least(n: int, minimum: int = MAX_WIDTH) -> int:
+    """The smallest power of two ≥ max(n, minimum): Triton block sizes must be powers of two.
+
+    The floor of 16 keeps tiny test shapes away from degenerate 1- and 2-element tensors.
+    """
+    n = max(int(n), minimum, 1)
+    return 1 << (n - 1).bit_length()
+
+
+def largest_pow2_divisor(n: int, cap: int) -> int:
+    """The largest power of two dividing ``n``, at most ``cap`` (a chunk width with no tail)."""
+    if n <= 0:
+        raise ValueError(f"expected a positive size, got {n}")
+    return min(n & -n, cap)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TritonTuning:
+    """A named Triton launch configuration (warps per program, software-pipeline stages)."""
+
+    name: str
+    num_warps: int
+    num_stages: int = 1
+
+    def compiler_params(self) -> pl_triton.CompilerParams:
+        return pl_triton.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+# fill's selection is one program over the whole padded [N, 16] score tile (the top-B is
+# global), so it gets the most warps; its loop carries state and gains nothing from pipelining.
+FILL_TUNING = TritonTuning(name="fill_select", num_warps=8)
+# fill's row layout: one [rows, N] comparison tile (8K elements) per program.
+LAYOUT_TUNING = TritonTuning(name="fill_layout", num_warps=4)
+# verify and commit work on independent blocks of slots: small programs, many of them.
+SLOT_BLOCK_TUNING = TritonTuning(name="slot_block", num_warps=4)
+# Row gather of hidden states: pure memory traffic in [slots, feature chunk] tiles.
+ROW_GATHER_TUNING = TritonTuning(name="row_gather", num_warps=4)

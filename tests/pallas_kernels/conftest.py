@@ -1,0 +1,102 @@
+"""Input generators and numpy brute-force models shared by the kernel tests.
+
+Exposed as session fixtures returning plain functions, so hypothesis tests can use them too.
+Axis legend: N slots, K max draft depth, B verify rows, S stop ids, F feature width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+# Confidence values that exercise the clamp at both ends and produce exact ties across slots.
+_EXTREME_CONFIDENCES = np.array([0.0, 0.001, 0.01, 0.5, 0.5, 0.9, 0.99, 0.995, 1.0], np.float32)
+
+
+def make_fill_inputs(rng: np.random.Generator, n: int, k: int, num_rows: int, regime: str):
+    """conf f32[N, K], proposal_len i32[N], active bool[N], with at most num_rows active slots.
+
+    regime: "uniform" (random confidences), "ties" (a few repeated values incl. clamp
+    extremes), "flat" (one value everywhere: every cross-slot comparison is a tie),
+    "wild" (NaN confidences, proposal lengths outside [0, K]).
+    """
+    if regime == "uniform":
+        conf = rng.random((n, k), dtype=np.float32)
+    elif regime == "ties":
+        conf = rng.choice(_EXTREME_CONFIDENCES, size=(n, k))
+    elif regime == "flat":
+        conf = np.full((n, k), rng.choice(_EXTREME_CONFIDENCES), np.float32)
+    elif regime == "wild":
+        conf = rng.random((n, k), dtype=np.float32)
+        conf[rng.random((n, k)) < 0.2] = np.nan
+    else:
+        raise ValueError(regime)
+    low, high = (-2, k + 3) if regime == "wild" else (0, k + 1)
+    proposal_len = rng.integers(low, high, n).astype(np.int32)
+    if regime == "flat":
+        proposal_len[:] = k
+    active = rng.random(n) < 0.75
+    # Keep the precondition B >= active slots: deactivate the surplus at random.
+    on = np.flatnonzero(active)
+    if on.size > num_rows:
+        active[rng.choice(on, on.size - num_rows, replace=False)] = False
+    return conf.astype(np.float32), proposal_len, active
+
+
+def brute_force_kept(conf, proposal_len, active, num_rows) -> set[tuple[int, int]]:
+    """The (slot, offset) pairs a global top-B by survival keeps, sorted one by one in numpy."""
+    n, k = conf.shape
+    clamped = np.clip(np.where(np.isnan(conf), 0.0, conf), 0.01, 0.99).astype(np.float32)
+    candidates = []  # (score, flat index, slot, offset)
+    for i in range(n):
+        if not active[i]:
+            continue
+        candidates.append((np.inf, i * (k + 1), i, 0))
+        survival = np.float32(1.0)
+        for j in range(1, int(np.clip(proposal_len[i], 0, k)) + 1):
+            survival = np.float32(survival * clamped[i, j - 1])
+            candidates.append((float(survival), i * (k + 1) + j, i, j))
+    candidates.sort(key=lambda c: (-c[0], c[1]))
+    return {(i, j) for _, _, i, j in candidates[:num_rows]}
+
+
+def make_fill_result(rng, n, k, num_rows, regime="uniform"):
+    """A FillResult from random inputs, via the reference fill (numpy arrays)."""
+    from lightspec_jax.pallas_kernels import fill
+
+    conf, proposal_len, active = make_fill_inputs(rng, n, k, num_rows, regime)
+    result = fill(conf, proposal_len, active, num_rows=num_rows, impl="reference")
+    return type(result)(*(np.asarray(x) for x in result)), active
+
+
+def make_verify_inputs(rng, fill_result, n, k, vocab=3):
+    """target i32[B], draft i32[N, K] with a small vocab and targets copied from drafts often,
+    so accepted lengths span 0..lengths."""
+    b = fill_result.row_slot.shape[0]
+    draft = rng.integers(0, vocab, (n, k)).astype(np.int32)
+    target = rng.integers(0, vocab, (b,)).astype(np.int32)
+    for r in np.flatnonzero(fill_result.row_valid):
+        slot, offset = fill_result.row_slot[r], fill_result.row_offset[r]
+        if offset < k and rng.random() < 0.7:
+            target[r] = draft[slot, offset]
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def fill_inputs():
+    return make_fill_inputs
+
+
+@pytest.fixture(scope="session")
+def kept_by_brute_force():
+    return brute_force_kept
+
+
+@pytest.fixture(scope="session")
+def random_fill_result():
+    return make_fill_result
+
+
+@pytest.fixture(scope="session")
+def verify_inputs():
+    return make_verify_inputs

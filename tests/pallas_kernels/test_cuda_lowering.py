@@ -1,0 +1,115 @@
+"""Each Pallas kernel lowers for CUDA (Triton route) at real shapes, on a CPU-only machine.
+
+Recipe from reference/jax-platform-notes.md: ``jax.export`` for platform "cuda" under an abstract
+mesh whose abstract device is an H200, with the export safety check for the Triton custom call
+disabled. This runs every Pallas -> Triton lowering rule at production shapes (Qwen3-14B with
+an Eagle3 drafter: N=256 slots, K=11, B up to 3072 rows, F = 3 * 5120 hidden features); PTX
+compilation itself still needs a GPU.
+
+Axis legend: N slots, K max draft depth, B verify rows, S stop ids, F feature width.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import export
+
+from lightspec_jax.pallas_kernels import FillResult, commit, fill, verify
+
+# jax >= 0.11 warns at each Triton-route lowering; Triton is still our GPU route on purpose.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning"
+)
+
+TRITON_CALL = "__gpu$xla.gpu.triton"
+N, K, S, F = 256, 11, 8, 3 * 5120
+ROW_BUCKETS = (N, 1024, N * (K + 1))  # 256 .. 3072
+
+
+def h200_mesh():
+    """An abstract one-device mesh of an H200. jax >= 0.11 needs it to lower for CUDA without a
+    GPU; 0.10.2 already has the API, so the same recipe runs on every supported version."""
+    version = jax.__version_info__
+    if not all(hasattr(jax.sharding, a) for a in ("AbstractDevice", "use_abstract_mesh")):
+        pytest.fail(
+            f"jax {jax.__version__} lacks jax.sharding.AbstractDevice/use_abstract_mesh; "
+            "this recipe needs jax >= 0.10.2"
+        )
+    if "abstract_device" not in inspect.signature(jax.sharding.AbstractMesh).parameters:
+        pytest.fail(f"jax {version}: AbstractMesh takes no abstract_device; update the recipe")
+    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+
+
+def lower_for_cuda(fn, *arg_specs) -> str:
+    with jax.sharding.use_abstract_mesh(h200_mesh()):
+        exported = export.export(
+            jax.jit(fn),
+            platforms=("cuda",),
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
+        )(*arg_specs)
+    text = exported.mlir_module()
+    assert "mosaic_gpu" not in text, "a kernel took the Mosaic GPU route instead of Triton"
+    return text
+
+
+def spec(shape, dtype=jnp.int32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def fill_spec(num_rows: int) -> FillResult:
+    return FillResult(
+        lengths=spec((N,)),
+        row_start=spec((N,)),
+        slot_valid=spec((N,), jnp.bool_),
+        row_slot=spec((num_rows,)),
+        row_offset=spec((num_rows,)),
+        row_valid=spec((num_rows,), jnp.bool_),
+    )
+
+
+@pytest.mark.parametrize("num_rows", ROW_BUCKETS)
+def test_fill_lowers_to_triton(num_rows):
+    text = lower_for_cuda(
+        functools.partial(fill, num_rows=num_rows, impl="pallas"),
+        spec((N, K), jnp.float32),
+        spec((N,)),
+        spec((N,), jnp.bool_),
+    )
+    assert text.count(TRITON_CALL) == 2
+    assert "lightspec_fill_select" in text and "lightspec_fill_layout" in text
+
+
+@pytest.mark.parametrize("num_rows", ROW_BUCKETS)
+def test_verify_lowers_to_triton(num_rows):
+    text = lower_for_cuda(
+        functools.partial(verify, impl="pallas"),
+        spec((num_rows,)),
+        fill_spec(num_rows),
+        spec((N, K)),
+    )
+    assert text.count(TRITON_CALL) == 1 and "lightspec_verify" in text
+
+
+@pytest.mark.parametrize("hidden_dtype", [jnp.bfloat16, jnp.float32])
+def test_commit_lowers_to_triton(hidden_dtype):
+    num_rows = ROW_BUCKETS[-1]
+    text = lower_for_cuda(
+        functools.partial(commit, impl="pallas"),
+        spec((N, K + 1)),  # out_tokens
+        spec((N,)),  # num_new
+        spec((N,)),  # accepted
+        fill_spec(num_rows),
+        spec((N,)),  # seq_len
+        spec((N,), jnp.bool_),  # active
+        spec((N, S)),  # stop_ids
+        spec((N,)),  # remaining
+        spec((num_rows, F), hidden_dtype),
+    )
+    assert text.count(TRITON_CALL) == 2
+    assert "lightspec_commit_tokens" in text and "lightspec_gather_tail_hidden" in text
