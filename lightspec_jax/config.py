@@ -53,6 +53,9 @@ class EngineConfig:
     # Compiled row-count buckets; None = powers of two from 8 up to max_num_batched_tokens.
     row_buckets: tuple[int, ...] | None = None
     speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
+    # Compiled verify-row buckets of the speculative step; None = powers of two and their
+    # midpoints up to max_num_seqs * (K + 1).
+    verify_buckets: tuple[int, ...] | None = None
     # Persistent XLA compilation cache (None disables it); a second start is then fast.
     compilation_cache_dir: str | None = dataclasses.field(default_factory=_default_cache_dir)
     # Raise if anything compiles while serving: every device step must come from the registry.
@@ -79,6 +82,11 @@ class EngineConfig:
                 raise ValueError(f"the largest row bucket ({buckets[-1]}) must cover "
                                  f"max_num_batched_tokens ({self.max_num_batched_tokens})")
             object.__setattr__(self, "row_buckets", buckets)
+        if self.verify_buckets is not None:
+            buckets = tuple(sorted(set(self.verify_buckets)))
+            if not buckets or buckets[0] < 1:
+                raise ValueError(f"verify_buckets must be positive ints, got {self.verify_buckets!r}")
+            object.__setattr__(self, "verify_buckets", buckets)
 
     @property
     def buckets(self) -> tuple[int, ...]:

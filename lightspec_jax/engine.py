@@ -18,8 +18,11 @@ import numpy as np
 from .buckets import CompileWatch, enable_compilation_cache
 from .config import EngineConfig, Policy, SamplingParams
 from .request import FinishReason, Request, RequestError, RequestOutput
-from .runner import PlainRunner, StepInputs
+from .drafters import Drafter
+from .runner import PlainRunner
 from .scheduler import ScheduledStep, Scheduler
+from .spec_backend import SpecBackend
+from .spec_runner import MAX_STOP_IDS
 from .tokenizer import Tokenizer, load_eos_ids
 
 log = logging.getLogger(__name__)
@@ -32,24 +35,35 @@ def _cache_len(max_model_len: int, block: int = 128) -> int:
 
 class Engine:
     def __init__(self, model, *, config: EngineConfig = EngineConfig(),
-                 tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = ()):
-        if config.speculative.policy is not Policy.NONE:
-            raise NotImplementedError(
-                f"speculative policy {config.speculative.policy.value!r} is not available yet; "
-                "use SpeculativeConfig(policy='none')")
+                 tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = (),
+                 drafter: Drafter | None = None):
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.drafter = drafter
+        speculative = config.speculative.policy is not Policy.NONE
+        if speculative and drafter is None:
+            raise ValueError(f"policy {config.speculative.policy.value!r} needs a drafter "
+                             "(drafter_path=... or drafter=...)")
         start = time.perf_counter()
-        self.runner = PlainRunner(model, num_slots=config.max_num_seqs,
-                                  cache_len=_cache_len(config.max_model_len), buckets=config.buckets,
-                                  show_progress=config.show_progress)
+        if speculative:
+            # Verify rows write up to K past seq_len and drafting up to K more.
+            cache_len = _cache_len(config.max_model_len + 2 * config.speculative.num_speculative_tokens)
+            self.backend = SpecBackend(model, drafter, config=config, cache_len=cache_len,
+                                       prefill_buckets=config.buckets)
+            what = (f"{len(config.buckets)} prefill buckets {list(config.buckets)} and "
+                    f"{len(self.backend.verify_buckets)} verify buckets "
+                    f"{list(self.backend.verify_buckets)}")
+        else:
+            self.backend = PlainRunner(model, num_slots=config.max_num_seqs,
+                                       cache_len=_cache_len(config.max_model_len),
+                                       buckets=config.buckets, show_progress=config.show_progress)
+            what = f"{len(config.buckets)} plain-step buckets {list(config.buckets)}"
         self.compile_seconds = time.perf_counter() - start
         if config.show_progress:
-            print(f"lightspec_jax: compiled {len(config.buckets)} plain-step buckets "
-                  f"{list(config.buckets)} in {self.compile_seconds:.1f} s")
+            print(f"lightspec_jax: compiled {what} in {self.compile_seconds:.1f} s")
         self.scheduler = Scheduler(num_slots=config.max_num_seqs,
                                    max_rows=config.max_num_batched_tokens)
         self._requests: dict[str, Request] = {}  # live or not yet reported as finished
@@ -87,6 +101,11 @@ class Engine:
             raise RequestError(f"cannot abort {request_id!r}: no unfinished request has this id")
         self.scheduler.finish(request, FinishReason.ABORT)
 
+    @property
+    def stats(self):
+        """Speculative decoding statistics (EngineStats), or None in plain decoding."""
+        return getattr(self.backend, "stats", None)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
@@ -96,8 +115,7 @@ class Engine:
             touched: list[Request] = [r for r in self._requests.values() if r.finished]
             if self.scheduler.running or self.scheduler.waiting:
                 batch = self.scheduler.schedule()
-                new_tokens = np.asarray(self.runner.run(self._build_inputs(batch)))
-                touched += self._commit(batch, new_tokens)
+                touched += self._commit(batch, self.backend.execute(batch))
             return [self._report(r) for r in touched]
 
     def generate(self, prompts: Sequence[str | Sequence[int]],
@@ -152,6 +170,9 @@ class Engine:
                                f"the vocabulary [0, {self.vocab_size})")
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**32))
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        if len(stops) > MAX_STOP_IDS:
+            raise RequestError(f"request {request_id!r}: {len(stops)} stop ids (EOS included); "
+                               f"at most {MAX_STOP_IDS} are supported")
         return Request(request_id=request_id, prompt_token_ids=tokens, params=params, seed=seed,
                        stop_ids=frozenset(stops))
 
@@ -173,48 +194,24 @@ class Engine:
             raise RequestError(f"request {request_id!r}: empty prompt")
         return tokens
 
-    def _build_inputs(self, batch: ScheduledStep) -> StepInputs:
-        inputs = self.runner.empty_inputs(self.runner.registry.pick(batch.num_rows))
-        sampling: list[tuple[Request, int]] = []  # (request, row its next token is sampled from)
-        row = 0
-        for request in batch.decodes:
-            inputs.row_slot[row] = request.slot
-            inputs.row_pos[row] = request.total_len - 1
-            inputs.row_from_device[row] = True
-            sampling.append((request, row))
-            row += 1
-        for chunk in batch.prefills:
-            end = row + chunk.length
-            inputs.row_slot[row:end] = chunk.request.slot
-            inputs.row_pos[row:end] = np.arange(chunk.start, chunk.start + chunk.length)
-            inputs.row_token[row:end] = chunk.request.prompt_token_ids[chunk.start:chunk.start + chunk.length]
-            if chunk.completes_prompt:
-                sampling.append((chunk.request, end - 1))
-            row = end
-        for request, sample_row in sampling:
-            slot, p = request.slot, request.params
-            inputs.sample_row[slot] = sample_row
-            inputs.temperature[slot] = p.temperature
-            inputs.top_k[slot] = p.top_k
-            inputs.top_p[slot] = p.top_p
-            inputs.seed[slot] = request.seed
-            inputs.sample_pos[slot] = request.total_len
-        return inputs
+    def _commit(self, batch: ScheduledStep,
+                new_tokens: list[tuple[Request, list[int]]]) -> list[Request]:
+        """Applies one step's tokens to host state; returns the requests that changed.
 
-    def _commit(self, batch: ScheduledStep, new_tokens: np.ndarray) -> list[Request]:
-        """Applies one step's results to host state; returns the requests that changed."""
+        The host applies the stop rules token by token; it is the authority on what a request
+        emits (the device already cut speculative spans at stop ids and allowances)."""
         changed = []
         for chunk in batch.prefills:
             chunk.request.num_prefilled += chunk.length
-        sampled = list(batch.decodes) + [c.request for c in batch.prefills if c.completes_prompt]
-        for request in sampled:
+        for request, tokens in new_tokens:
             if request.finished:  # aborted while its step was in flight
                 continue
-            token = int(new_tokens[request.slot])
-            request.output_token_ids.append(token)
-            reason = self._finish_reason(request, token)
-            if reason is not None:
-                self.scheduler.finish(request, reason)
+            for token in tokens:
+                request.output_token_ids.append(token)
+                reason = self._finish_reason(request, token)
+                if reason is not None:
+                    self.scheduler.finish(request, reason)
+                    break
             changed.append(request)
         return changed
 

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 
 from .config import SamplingParams
+from .metrics import SpecCounters
 
 
 class RequestError(ValueError):
@@ -27,6 +28,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     text: str | None = None  # decoded token_ids when the engine has a tokenizer
+    metrics: SpecCounters | None = None  # speculative counters (None in plain decoding)
 
 
 @dataclasses.dataclass(eq=False)
@@ -41,6 +43,8 @@ class Request:
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     num_reported: int = 0  # output tokens already handed out by step()
     finish_reason: FinishReason | None = None
+    proposal_len: int = 0  # draft tokens the device holds for the next verify
+    spec: SpecCounters | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -66,4 +70,4 @@ class Request:
             token_ids=list(self.output_token_ids), new_token_ids=list(new),
             finished=self.finished,
             finish_reason=None if self.finish_reason is None else self.finish_reason.value,
-            text=text)
+            text=text, metrics=None if self.spec is None else self.spec.snapshot())

@@ -19,6 +19,8 @@ from tqdm.auto import tqdm
 from lightspec_jax.models import KVCache, Qwen3
 
 from .buckets import BucketRegistry
+from .request import Request
+from .scheduler import ScheduledStep
 from .sampling import sample
 
 
@@ -43,18 +45,73 @@ class DeviceState:
     last_token: jax.Array  # [N] int32: newest sampled token per slot (its KV not yet cached)
 
 
-def _plain_step(graphdef, param_leaves, treedef, cache: KVCache, last_token: jax.Array,
-                inputs: StepInputs):
-    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
+def forward_and_sample(model: Qwen3, cache: KVCache, last_token: jax.Array, inputs: StepInputs,
+                       aux_layers: tuple[int, ...] = ()):
+    """Target forward over host-built rows, then one sampled token per slot.
+
+    Returns (forward output, tokens [T] the rows carried, sampled tokens [N], new last_token [N]).
+    """
     num_slots = last_token.shape[0]
     device_tokens = last_token[jnp.clip(inputs.row_slot, 0, num_slots - 1)]
     tokens = jnp.where(inputs.row_from_device, device_tokens, inputs.row_token)  # [T]
     out = model(tokens, inputs.row_pos, inputs.row_slot, cache,
-                logits_rows=jnp.maximum(inputs.sample_row, 0))  # logits [N, V]
+                logits_rows=jnp.maximum(inputs.sample_row, 0), aux_layers=aux_layers)  # [N, V]
     new_tokens = sample(out.logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.seed,
                         inputs.sample_pos)  # [N]
     last_token = jnp.where(inputs.sample_row >= 0, new_tokens, last_token)
+    return out, tokens, new_tokens, last_token
+
+
+def _plain_step(graphdef, param_leaves, treedef, cache: KVCache, last_token: jax.Array,
+                inputs: StepInputs):
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, param_leaves))
+    out, _, new_tokens, last_token = forward_and_sample(model, cache, last_token, inputs)
     return out.cache, last_token, new_tokens
+
+
+def empty_step_inputs(rows: int, n: int) -> StepInputs:
+    return StepInputs(
+        row_slot=np.full((rows,), n, np.int32), row_pos=np.zeros((rows,), np.int32),
+        row_token=np.zeros((rows,), np.int32), row_from_device=np.zeros((rows,), bool),
+        sample_row=np.full((n,), -1, np.int32), temperature=np.zeros((n,), np.float32),
+        top_k=np.zeros((n,), np.int32), top_p=np.ones((n,), np.float32),
+        seed=np.zeros((n,), np.uint32), sample_pos=np.zeros((n,), np.int32))
+
+
+def build_step_inputs(batch: ScheduledStep, rows: int, num_slots: int) -> StepInputs:
+    """Flat rows for a scheduled step: decode rows first, then prefill chunks; one sampled
+    token per decoding slot and per slot whose prompt completes."""
+    inputs = empty_step_inputs(rows, num_slots)
+    sampling: list[tuple[Request, int]] = []  # (request, row its next token is sampled from)
+    row = 0
+    for request in batch.decodes:
+        inputs.row_slot[row] = request.slot
+        inputs.row_pos[row] = request.total_len - 1
+        inputs.row_from_device[row] = True
+        sampling.append((request, row))
+        row += 1
+    for chunk in batch.prefills:
+        end = row + chunk.length
+        inputs.row_slot[row:end] = chunk.request.slot
+        inputs.row_pos[row:end] = np.arange(chunk.start, chunk.start + chunk.length)
+        inputs.row_token[row:end] = chunk.request.prompt_token_ids[chunk.start:chunk.start + chunk.length]
+        if chunk.completes_prompt:
+            sampling.append((chunk.request, end - 1))
+        row = end
+    for request, sample_row in sampling:
+        slot, p = request.slot, request.params
+        inputs.sample_row[slot] = sample_row
+        inputs.temperature[slot] = p.temperature
+        inputs.top_k[slot] = p.top_k
+        inputs.top_p[slot] = p.top_p
+        inputs.seed[slot] = request.seed
+        inputs.sample_pos[slot] = request.total_len
+    return inputs
+
+
+def abstract(tree):
+    """ShapeDtypeStructs of a pytree of arrays (what `.lower()` compiles against)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
 
 
 class PlainRunner:
@@ -75,23 +132,22 @@ class PlainRunner:
         def step(param_leaves, cache, last_token, inputs):
             return _plain_step(graphdef, param_leaves, treedef, cache, last_token, inputs)
 
-        abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
         for rows in tqdm(self.registry.sizes, desc="compiling plain-step buckets",
                          disable=not show_progress, leave=False):
             self.registry.compile(
-                rows, step, jax.tree.map(abstract, leaves), jax.tree.map(abstract, self.state.cache),
-                abstract(self.state.last_token),
-                jax.tree.map(abstract, self.empty_inputs(rows)),
+                rows, step, abstract(leaves), abstract(self.state.cache),
+                abstract(self.state.last_token), abstract(self.empty_inputs(rows)),
                 donate_argnames=("cache", "last_token"))
 
     def empty_inputs(self, rows: int) -> StepInputs:
-        n = self.num_slots
-        return StepInputs(
-            row_slot=np.full((rows,), n, np.int32), row_pos=np.zeros((rows,), np.int32),
-            row_token=np.zeros((rows,), np.int32), row_from_device=np.zeros((rows,), bool),
-            sample_row=np.full((n,), -1, np.int32), temperature=np.zeros((n,), np.float32),
-            top_k=np.zeros((n,), np.int32), top_p=np.ones((n,), np.float32),
-            seed=np.zeros((n,), np.uint32), sample_pos=np.zeros((n,), np.int32))
+        return empty_step_inputs(rows, self.num_slots)
+
+    def execute(self, batch: ScheduledStep) -> list[tuple[Request, list[int]]]:
+        """Runs a scheduled step; returns the new token of each request that sampled one."""
+        rows = self.registry.pick(batch.num_rows)
+        tokens = np.asarray(self.run(build_step_inputs(batch, rows, self.num_slots)))
+        sampled = list(batch.decodes) + [c.request for c in batch.prefills if c.completes_prompt]
+        return [(request, [int(tokens[request.slot])]) for request in sampled]
 
     def run(self, inputs: StepInputs) -> jax.Array:
         """Dispatches one step (asynchronously); returns the sampled tokens [N] (device)."""

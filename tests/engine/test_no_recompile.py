@@ -18,14 +18,14 @@ def test_guard_fires_on_a_compile():
 def test_long_mixed_run_compiles_nothing(engine):
     rng = np.random.default_rng(0)
     buckets_used = set()
-    original_pick = engine.runner.registry.pick
+    original_pick = engine.backend.registry.pick
 
     def pick(n):
         b = original_pick(n)
         buckets_used.add(b)
         return b
 
-    engine.runner.registry.pick = pick
+    engine.backend.registry.pick = pick
     before = compile_event_count()
     try:
         step, next_id = 0, 0
@@ -44,6 +44,6 @@ def test_long_mixed_run_compiles_nothing(engine):
             engine.step()  # CompileWatch inside raises on any compile
             step += 1
     finally:
-        engine.runner.registry.pick = original_pick
+        engine.backend.registry.pick = original_pick
     assert compile_event_count() == before
-    assert buckets_used == set(engine.runner.registry.sizes)
+    assert buckets_used == set(engine.backend.registry.sizes)

@@ -1,0 +1,73 @@
+"""A standalone draft language model (a small Qwen3 with its own KV cache) as the drafter.
+
+The vanilla form of speculative decoding (a small model of the same family drafting for a large
+one). It needs no target features. Its cache holds x_p at p like the target's: the commit
+forward re-reads the verify rows, then drafting starts from the bonus token at new_seq_len.
+
+`corrupt_rate` replaces each drafted token, with that probability, by another one (keyed by
+slot and position, so runs are reproducible). With the target's own weights as the draft model
+this gives a drafter that is right most of the time but not always: long accepted spans, full
+acceptance and bonus tokens, next to partial rejections - what the lossless tests need.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lightspec_jax.models import KVCache, Qwen3
+
+from .base import Drafter, DraftRows, chain, top1
+
+
+class DraftLMDrafter(Drafter):
+    def __init__(self, model: Qwen3, *, corrupt_rate: float = 0.0, seed: int = 0):
+        if not 0.0 <= corrupt_rate <= 1.0:
+            raise ValueError(f"corrupt_rate must be in [0, 1], got {corrupt_rate}")
+        super().__init__(model)
+        self.config = model.config
+        self.corrupt_rate = corrupt_rate
+        self.seed = seed
+
+    def new_cache(self, *, num_slots: int, cache_len: int) -> KVCache:
+        cfg = self.config
+        return KVCache.init(num_layers=cfg.num_layers, num_slots=num_slots, max_len=cache_len,
+                            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                            dtype=self.param_leaves[0].dtype)
+
+    def prefill(self, param_leaves, cache, rows: DraftRows, *, target_embed):
+        model = self.module(param_leaves)
+        out = model(rows.token, rows.position, rows.slot, cache,
+                    logits_rows=jnp.zeros((1,), jnp.int32))
+        return out.cache
+
+    def propose(self, param_leaves, cache, rows: DraftRows, *, tail_row, bonus, new_seq_len,
+                stepped, depth, target_embed):
+        model = self.module(param_leaves)
+        num_slots = bonus.shape[0]
+        # Commit forward: the verify rows' inputs, so the accepted prefix is in the cache.
+        cache = model(rows.token, rows.position, rows.slot, cache,
+                      logits_rows=jnp.zeros((1,), jnp.int32)).cache
+        slots = jnp.where(stepped, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
+
+        def step(cache, token, k):
+            # Feed the token at new_seq_len + k (k = 0 is the bonus), predict the one after.
+            position = new_seq_len + k
+            out = model(token, position, slots, cache)
+            draft, conf = top1(out.logits)
+            return out.cache, self._corrupt(draft, position + 1, slots), conf
+
+        cache, first, conf = step(cache, bonus, 0)
+        # Drafted tokens' cache entries lie at or past new_seq_len: the next commit forward
+        # overwrites them with the verified tokens.
+        return chain(step, cache, (first, conf), depth)
+
+    def _corrupt(self, tokens, position, slots):
+        if self.corrupt_rate == 0.0:
+            return tokens
+        vocab = self.config.vocab_size
+        keys = jax.vmap(lambda s, p: jax.random.fold_in(
+            jax.random.fold_in(jax.random.key(self.seed), s), p))(slots, position)
+        u, shift = jax.vmap(lambda k: (jax.random.uniform(k),
+                                       jax.random.randint(jax.random.fold_in(k, 1), (), 1, vocab)))(keys)
+        return jnp.where(u < self.corrupt_rate, (tokens + shift) % vocab, tokens).astype(jnp.int32)

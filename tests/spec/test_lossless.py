@@ -1,0 +1,83 @@
+"""The first invariant: greedy speculative output == greedy target-only output, always.
+
+Randomised serving scenarios (request counts up to the slot count and beyond, prompt lengths,
+max_tokens and stop tokens that land inside accepted spans, requests joining and finishing
+mid-flight) run through the step API on speculative engines and are compared token for token
+with the plain engine, whose equality with transformers is tested in tests/engine.
+"""
+
+import numpy as np
+import pytest
+
+from lightspec_jax import SamplingParams
+
+from conftest import SPEC_ENGINES
+
+CASES_PER_ENGINE = {"copy_k3": 70, "copy_k11": 50, "copy_k5_c32": 40, "random_k1": 40}
+
+
+def reference(plain_engine, prompt, params):
+    out, = plain_engine.generate([prompt], params)
+    return out.token_ids, out.finish_reason
+
+
+def random_scenario(rng, engine, plain_engine):
+    slots = engine.config.max_num_seqs
+    n = int(rng.integers(1, int(slots * 1.5) + 2))
+    vocab = engine.vocab_size
+    requests = []
+    for i in range(n):
+        prompt = rng.integers(2, vocab, size=int(rng.integers(1, 40))).tolist()
+        max_tokens = int(rng.integers(1, 30))
+        stops = ()
+        if rng.random() < 0.4:  # stop on a token the target will emit, often mid-span
+            ref, _ = reference(plain_engine, prompt, SamplingParams(max_tokens=max_tokens,
+                                                                   ignore_eos=True))
+            stops = (int(ref[int(rng.integers(0, len(ref)))]),)
+        params = SamplingParams(max_tokens=max_tokens, stop_token_ids=stops,
+                                ignore_eos=bool(rng.random() < 0.5))
+        requests.append((f"r{i}", prompt, params, int(rng.integers(0, 12))))  # arrival step
+    return requests
+
+
+def serve(engine, requests):
+    pending = sorted(requests, key=lambda r: r[3])
+    outputs, step = {}, 0
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][3] <= step:
+            rid, prompt, params, _ = pending.pop(0)
+            engine.add_request(rid, prompt, params)
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out
+        step += 1
+    return outputs
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_ENGINES))
+def test_greedy_speculative_equals_target_only(name, spec_engines, plain_engine):
+    engine = spec_engines(name)
+    rng = np.random.default_rng(sum(map(ord, name)))
+    for case in range(CASES_PER_ENGINE[name]):
+        requests = random_scenario(rng, engine, plain_engine)
+        outputs = serve(engine, requests)
+        for rid, prompt, params, _ in requests:
+            want, reason = reference(plain_engine, prompt, params)
+            got = outputs[rid]
+            assert got.token_ids == want, f"{name} case {case} request {rid}"
+            assert got.finish_reason == reason, f"{name} case {case} request {rid}"
+
+
+def test_spans_really_are_speculative(spec_engines, plain_engine):
+    """The copy drafter accepts long spans, fully, with bonus tokens; the random one rarely."""
+    prompts = [[5, 9, 17, 33], [200, 3], [42] * 12]
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    k11 = spec_engines("copy_k11")
+    outs = k11.generate(prompts, params)
+    m = [o.metrics for o in outs]
+    assert sum(x.accepted for x in m) / sum(x.verified for x in m) > 0.5
+    assert max(s.accepted for s in k11.stats.steps) >= 11 * 2  # full acceptance on several slots
+    assert all(x.acceptance_length > 2 for x in m)
+    rnd = spec_engines("random_k1")
+    outs = rnd.generate(prompts, params)
+    assert sum(o.metrics.accepted for o in outs) <= 0.2 * sum(o.metrics.verified for o in outs)
