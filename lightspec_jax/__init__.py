@@ -1,10 +1,31 @@
-"""lightspec_jax: training-free dynamic speculative decoding (LightSpec) in JAX."""
+"""lightspec_jax: training-free dynamic speculative decoding (LightSpec) in JAX.
+
+The serving API is imported lazily, so `import lightspec_jax.planner` (numpy only) never
+loads jax.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 from .config import EngineConfig, Policy, SamplingParams, SpeculativeConfig
-from .engine import Engine
-from .request import FinishReason, RequestError, RequestOutput
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Engine": ".engine",
+    "FinishReason": ".request",
+    "RequestError": ".request",
+    "RequestOutput": ".request",
+}
+
 __all__ = ["Engine", "EngineConfig", "FinishReason", "Policy", "RequestError", "RequestOutput",
            "SamplingParams", "SpeculativeConfig"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -73,17 +73,25 @@ class Engine:
     @classmethod
     def from_pretrained(cls, target_path: str, drafter_path: str | None = None, *,
                         config: EngineConfig = EngineConfig()) -> "Engine":
-        """Loads a Qwen3 target from a Hugging Face or converted directory (nothing downloaded)."""
-        from .checkpoint import load_qwen3
+        """Loads a Qwen3 target (Hugging Face or converted directory; nothing is downloaded) and,
+        optionally, an Eagle3 drafter for it (Hugging Face layout: EAGLE/SpecForge or
+        speculators)."""
+        from .checkpoint import load_eagle3, load_qwen3
+        from .drafters import Eagle3Drafter
 
-        if drafter_path is not None:
-            raise NotImplementedError("drafters are not supported yet; pass drafter_path=None")
         enable_compilation_cache(config.compilation_cache_dir)
         model = load_qwen3(target_path, dtype=config.dtype)
+        drafter = None
+        if drafter_path is not None:
+            # The target's embedding serves the drafter (SGLang's rule; Eagle3 training keeps
+            # it frozen), so a stored copy of V x H values is not loaded.
+            drafter = Eagle3Drafter(load_eagle3(drafter_path, target_config=model.config,
+                                                dtype=config.dtype, load_embed=False))
         tok_path = os.path.join(target_path, "tokenizer.json")
         tokenizer = Tokenizer.from_file(tok_path) if os.path.isfile(tok_path) else None
         eos = set(model.config.eos_token_ids) | load_eos_ids(target_path)
-        return cls(model, config=config, tokenizer=tokenizer, eos_token_ids=sorted(eos))
+        return cls(model, config=config, tokenizer=tokenizer, eos_token_ids=sorted(eos),
+                   drafter=drafter)
 
     # --- public API -------------------------------------------------------------------------
 

@@ -5,3 +5,7 @@ from .kv_cache import KVCache
 from .qwen3 import Qwen3, Qwen3Output
 
 __all__ = ["PRESETS", "ConfigError", "KVCache", "Qwen3", "Qwen3Config", "Qwen3Output"]
+
+from .eagle3 import Eagle3, Eagle3Config, Eagle3Output  # noqa: E402
+
+__all__ += ["Eagle3", "Eagle3Config", "Eagle3Output"]

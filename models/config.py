@@ -16,6 +16,19 @@ class ConfigError(ValueError):
     """A checkpoint configuration that this library cannot run, with the offending field."""
 
 
+def check_attention_fields(cfg, sizes: tuple[str, ...]) -> None:
+    """Positive sizes, GQA-compatible head counts and a RoPE-able head_dim, or ConfigError."""
+    for name in (*sizes, "num_heads", "num_kv_heads", "head_dim"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ConfigError(f"num_heads ({cfg.num_heads}) must be a multiple of num_kv_heads "
+                          f"({cfg.num_kv_heads}) for grouped-query attention")
+    if cfg.head_dim % 2:
+        raise ConfigError(f"head_dim must be even for rotary embeddings, got {cfg.head_dim}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Qwen3Config:
     vocab_size: int
@@ -33,16 +46,8 @@ class Qwen3Config:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                              f"({self.num_kv_heads}) for grouped-query attention")
-        if self.head_dim % 2:
-            raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        check_attention_fields(self, ("vocab_size", "hidden_size", "intermediate_size",
+                                      "num_layers"))
 
     @property
     def group_size(self) -> int:

@@ -25,6 +25,8 @@ CHECKPOINTS = {
     "untied_sharded": TinySpec(tied=False, shard_size="50KB", rope_theta=12345.0),
     "tied_single": TinySpec(tied=True, shard_size=None, rope_theta=1_000_000.0),
 }
+# A target with peaked output distributions, so temperature-1 sampling has structure.
+SHARP = TinySpec(tied=False, logit_scale=40.0, seed=1)
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +36,11 @@ def hf_checkpoints(tmp_path_factory):
     for name, spec in CHECKPOINTS.items():
         out[name] = build_hf_qwen3(str(tmp_path_factory.mktemp(name)), spec)
     return out
+
+
+@pytest.fixture(scope="session")
+def sharp_checkpoint(tmp_path_factory):
+    return build_hf_qwen3(str(tmp_path_factory.mktemp("sharp")), SHARP)
 
 
 @pytest.fixture(scope="session", params=sorted(CHECKPOINTS))

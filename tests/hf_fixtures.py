@@ -19,6 +19,7 @@ class TinySpec:
     head_dim: int = 32  # != hidden/heads on purpose
     seed: int = 0
     eos_token_id: int = 1
+    logit_scale: float = 1.0  # > 1 sharpens the output distribution (for sampling tests)
 
 
 def build_hf_qwen3(directory: str, spec: TinySpec):
@@ -40,7 +41,9 @@ def build_hf_qwen3(directory: str, spec: TinySpec):
             if "norm" in name:
                 param.add_(0.2 * torch.randn_like(param))
             elif "embed" in name:
-                param.mul_(10.0)  # sharper distributions: fewer near-ties in greedy decoding
+                param.mul_(10.0)
+            if name == "lm_head.weight":
+                param.mul_(spec.logit_scale)
     kwargs = {"max_shard_size": spec.shard_size} if spec.shard_size else {}
     model.save_pretrained(directory, **kwargs)
     return directory, model

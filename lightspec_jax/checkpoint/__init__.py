@@ -45,3 +45,8 @@ def convert_qwen3(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16") -> Qwen
     model = load_qwen3_hf(hf_dir, dtype=dtype)
     save_converted(model, out_dir, model_kind="qwen3", hf_config=cfg.to_hf(), source_dir=hf_dir)
     return model
+
+
+from .eagle3 import load_eagle3, save_eagle3_hf  # noqa: E402
+
+__all__ += ["load_eagle3", "save_eagle3_hf"]

@@ -2,5 +2,6 @@
 
 from .base import Drafter, DraftRows, Proposal
 from .draft_lm import DraftLMDrafter
+from .eagle3 import Eagle3Drafter
 
-__all__ = ["Drafter", "DraftLMDrafter", "DraftRows", "Proposal"]
+__all__ = ["Drafter", "DraftLMDrafter", "DraftRows", "Eagle3Drafter", "Proposal"]

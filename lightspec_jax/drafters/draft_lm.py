@@ -4,8 +4,9 @@ The vanilla form of speculative decoding (a small model of the same family draft
 one). It needs no target features. Its cache holds x_p at p like the target's: the commit
 forward re-reads the verify rows, then drafting starts from the bonus token at new_seq_len.
 
-`corrupt_rate` replaces each drafted token, with that probability, by another one (keyed by
-slot and position, so runs are reproducible). With the target's own weights as the draft model
+`temperature` > 0 samples the drafts instead of taking the argmax (keys from the drafter's
+own seed, slot and position - never the request's seed). `corrupt_rate` replaces each drafted
+token, with that probability, by another one (keyed likewise, so runs are reproducible). With the target's own weights as the draft model
 this gives a drafter that is right most of the time but not always: long accepted spans, full
 acceptance and bonus tokens, next to partial rejections - what the lossless tests need.
 """
@@ -21,11 +22,15 @@ from .base import Drafter, DraftRows, chain, top1
 
 
 class DraftLMDrafter(Drafter):
-    def __init__(self, model: Qwen3, *, corrupt_rate: float = 0.0, seed: int = 0):
+    def __init__(self, model: Qwen3, *, temperature: float = 0.0, corrupt_rate: float = 0.0,
+                 seed: int = 0):
         if not 0.0 <= corrupt_rate <= 1.0:
             raise ValueError(f"corrupt_rate must be in [0, 1], got {corrupt_rate}")
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
         super().__init__(model)
         self.config = model.config
+        self.temperature = temperature
         self.corrupt_rate = corrupt_rate
         self.seed = seed
 
@@ -54,7 +59,7 @@ class DraftLMDrafter(Drafter):
             # Feed the token at new_seq_len + k (k = 0 is the bonus), predict the one after.
             position = new_seq_len + k
             out = model(token, position, slots, cache)
-            draft, conf = top1(out.logits)
+            draft, conf = self._draw(out.logits, position + 1, slots)
             return out.cache, self._corrupt(draft, position + 1, slots), conf
 
         cache, first, conf = step(cache, bonus, 0)
@@ -62,12 +67,24 @@ class DraftLMDrafter(Drafter):
         # overwrites them with the verified tokens.
         return chain(step, cache, (first, conf), depth)
 
+    def _keys(self, slots, position, stream: int):
+        base = jax.random.fold_in(jax.random.key(self.seed), stream)
+        return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(base, s), p))(
+            slots, position)
+
+    def _draw(self, logits, position, slots):
+        if self.temperature == 0.0:
+            return top1(logits)
+        scaled = logits / self.temperature
+        token = jax.vmap(jax.random.categorical)(self._keys(slots, position, 1), scaled)
+        probs = jax.nn.softmax(scaled, axis=-1)
+        return token.astype(jnp.int32), jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
+
     def _corrupt(self, tokens, position, slots):
         if self.corrupt_rate == 0.0:
             return tokens
         vocab = self.config.vocab_size
-        keys = jax.vmap(lambda s, p: jax.random.fold_in(
-            jax.random.fold_in(jax.random.key(self.seed), s), p))(slots, position)
+        keys = self._keys(slots, position, 0)
         u, shift = jax.vmap(lambda k: (jax.random.uniform(k),
                                        jax.random.randint(jax.random.fold_in(k, 1), (), 1, vocab)))(keys)
         return jnp.where(u < self.corrupt_rate, (tokens + shift) % vocab, tokens).astype(jnp.int32)

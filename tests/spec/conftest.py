@@ -4,9 +4,10 @@ import pytest
 
 from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
 from lightspec_jax.checkpoint import load_qwen3
-from lightspec_jax.drafters import DraftLMDrafter
-from lightspec_jax.models import Qwen3, Qwen3Config
 from flax import nnx
+
+from lightspec_jax.drafters import DraftLMDrafter, Eagle3Drafter
+from lightspec_jax.models import Eagle3, Eagle3Config, Qwen3, Qwen3Config
 
 BASE = dict(dtype="float32", max_model_len=80, max_num_batched_tokens=32,
             compilation_cache_dir=None, show_progress=False)
@@ -17,6 +18,10 @@ SPEC_ENGINES = {
     "copy_k3": (8, 3, (4, 8, 16, 32), "copy", 0.25),
     "copy_k11": (4, 11, (4, 12, 24, 48), "copy", 0.1),
     "copy_k5_c32": (32, 5, (32, 64, 128, 192), "copy", 0.3),
+    # The (sharp) target's copy sampling its drafts with its own keys: often right at T = 1.
+    "sampling_k3": (8, 3, (4, 8, 16, 32), "copy_sampling", 0.0),
+    # A random Eagle3 (the real drafter architecture, target features): rarely right.
+    "eagle3_k5": (6, 5, (6, 12, 24, 36), "eagle3", 0.0),
     # An unrelated random draft model: almost always wrong.
     "random_k1": (4, 1, (4, 8), "random", 0.0),
 }
@@ -32,28 +37,52 @@ def plain_engine(target_dir):
     return Engine.from_pretrained(target_dir, config=EngineConfig(max_num_seqs=8, **BASE))
 
 
+@pytest.fixture(scope="session")
+def sharp_plain_engine(sharp_checkpoint):
+    return Engine.from_pretrained(sharp_checkpoint[0], config=EngineConfig(max_num_seqs=8, **BASE))
+
+
+def random_eagle3(target_cfg, *, draft_vocab=128, seed=4):
+    """A random Eagle3 with a reduced draft vocabulary (non-trivial d2t) and a sharp lm_head,
+    so its argmax has clear winners (float noise between batch shapes cannot flip it)."""
+    import jax.numpy as jnp
+    import numpy as np
+    cfg = Eagle3Config.for_target(target_cfg, draft_vocab_size=draft_vocab, rope_theta=10000.0)
+    model = Eagle3(cfg, rngs=nnx.Rngs(seed))
+    hot = np.sort(np.random.default_rng(seed).choice(target_cfg.vocab_size, draft_vocab,
+                                                     replace=False))
+    model.d2t.set_value(jnp.asarray(hot - np.arange(draft_vocab), jnp.int32))
+    model.lm_head.set_value(model.lm_head[...] * 30.0)
+    return model
+
+
 def make_drafter(kind, target_dir, corrupt_rate):
     if kind == "copy":
         return DraftLMDrafter(load_qwen3(target_dir), corrupt_rate=corrupt_rate, seed=7)
+    if kind == "copy_sampling":
+        return DraftLMDrafter(load_qwen3(target_dir), temperature=1.0, seed=7)
     target_cfg = load_qwen3(target_dir).config
+    if kind == "eagle3":
+        return Eagle3Drafter(random_eagle3(target_cfg))
     small = Qwen3Config(vocab_size=target_cfg.vocab_size, hidden_size=32, intermediate_size=64,
                         num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
     return DraftLMDrafter(Qwen3(small, rngs=nnx.Rngs(3)))
 
 
 @pytest.fixture(scope="session")
-def spec_engines(target_dir):
+def spec_engines(target_dir, sharp_checkpoint):
     cache = {}
 
     def get(name):
         if name not in cache:
             slots, depth, buckets, kind, rate = SPEC_ENGINES[name]
+            target_dir_ = sharp_checkpoint[0] if kind == "copy_sampling" else target_dir
             config = EngineConfig(max_num_seqs=slots, verify_buckets=buckets,
                                   speculative=SpeculativeConfig(policy="static",
                                                                 num_speculative_tokens=depth),
                                   **BASE)
-            cache[name] = Engine(load_qwen3(target_dir), config=config,
-                                 drafter=make_drafter(kind, target_dir, rate),
+            cache[name] = Engine(load_qwen3(target_dir_), config=config,
+                                 drafter=make_drafter(kind, target_dir_, rate),
                                  eos_token_ids=(1,))
         return cache[name]
     return get

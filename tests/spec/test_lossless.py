@@ -11,9 +11,8 @@ import pytest
 
 from lightspec_jax import SamplingParams
 
-from conftest import SPEC_ENGINES
-
-CASES_PER_ENGINE = {"copy_k3": 70, "copy_k11": 50, "copy_k5_c32": 40, "random_k1": 40}
+CASES_PER_ENGINE = {"copy_k3": 60, "copy_k11": 45, "copy_k5_c32": 40, "random_k1": 30,
+                    "eagle3_k5": 30}
 
 
 def reference(plain_engine, prompt, params):
@@ -54,7 +53,7 @@ def serve(engine, requests):
     return outputs
 
 
-@pytest.mark.parametrize("name", sorted(SPEC_ENGINES))
+@pytest.mark.parametrize("name", sorted(CASES_PER_ENGINE))
 def test_greedy_speculative_equals_target_only(name, spec_engines, plain_engine):
     engine = spec_engines(name)
     rng = np.random.default_rng(sum(map(ord, name)))
@@ -75,7 +74,7 @@ def test_spans_really_are_speculative(spec_engines, plain_engine):
     k11 = spec_engines("copy_k11")
     outs = k11.generate(prompts, params)
     m = [o.metrics for o in outs]
-    assert sum(x.accepted for x in m) / sum(x.verified for x in m) > 0.5
+    assert sum(x.accepted for x in m) / sum(x.verified for x in m) > 0.35
     assert max(s.accepted for s in k11.stats.steps) >= 11 * 2  # full acceptance on several slots
     assert all(x.acceptance_length > 2 for x in m)
     rnd = spec_engines("random_k1")

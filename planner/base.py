@@ -1,0 +1,159 @@
+"""What every planner shares: argument checks, the proposal depth, online cost refresh.
+
+Call protocol (engine, host side, once per decode step):
+
+    plan_i = planner.plan(num_requests=N, num_with_proposal=M, ...)
+    ... launch step i; then, possibly after plan_{i+1}, ...
+    planner.observe(StepObservation(plan=plan_i, accept_lens=..., target_ms=..., ...))
+
+With overlapped scheduling plan(i+1) runs before observe(i): statistics arrive a step late, but
+the depth of the proposal plan(i+1) verifies is the draft depth plan(i) chose, which the planner
+remembers itself. Observations carry their own plan, so late or out-of-order observations
+update the configuration that actually ran.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .costs import CostTable
+from .objective import split_draft_ms
+from .types import PlannerSpec, StepObservation, StepPlan
+
+
+class BasePlanner:
+    """Shared state; subclasses implement _plan() and optionally _record()."""
+
+    name = "base"
+
+    def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
+                 draft_costs: CostTable | None = None, refresh_costs: bool = True) -> None:
+        if not isinstance(spec, PlannerSpec):
+            raise TypeError(f"spec must be a PlannerSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.target_costs = target_costs if target_costs is not None else CostTable()
+        self.draft_costs = draft_costs if draft_costs is not None else CostTable()
+        self.refresh_costs = refresh_costs
+        self.steps = 0  # plan() calls so far
+        self._depth = 0  # depth of the proposal the next step verifies (0: none yet)
+        self._context: float | None = None  # last batch context seen
+
+    @property
+    def has_costs(self) -> bool:
+        return not (self.target_costs.is_empty or self.draft_costs.is_empty)
+
+    def plan(self, *, num_requests: int, num_with_proposal: int | None = None,
+             confidences: np.ndarray | None = None, context_len: float | None = None,
+             proposal_depth: int | None = None) -> StepPlan:
+        """Choose this step's verify bucket and the next draft depth.
+
+        num_requests: N, requests in the step (0 <= N <= largest verify bucket).
+        num_with_proposal: M, requests that hold a proposal (new requests may not); default N.
+        confidences: [N, >= d_prev] drafter confidences of the current proposal (only the
+          DSpark-style planner reads them); NaN or <= 0 marks "no draft token here".
+        context_len: KV tokens the step attends, summed over requests; default the last
+          observed one.
+        proposal_depth: depth of the proposal this step verifies, if the engine drafted
+          something other than the previous plan's draft_depth (e.g. capped near max length).
+        """
+        n = _as_count("num_requests", num_requests)
+        m = n if num_with_proposal is None else _as_count("num_with_proposal", num_with_proposal)
+        if m > n:
+            raise ValueError(f"num_with_proposal ({m}) cannot exceed num_requests ({n})")
+        if n > self.spec.max_requests:
+            raise ValueError(
+                f"{n} requests exceed the largest verify bucket {self.spec.max_requests}: every "
+                f"request needs a target row; compile a bucket >= {n} or cap the batch size")
+        if proposal_depth is not None:
+            self._depth = _as_count("proposal_depth", proposal_depth)
+            if self._depth > self.spec.max_depth:
+                raise ValueError(f"proposal_depth {self._depth} exceeds max_depth "
+                                 f"{self.spec.max_depth}")
+        if context_len is not None:
+            if not math.isfinite(context_len) or context_len < 0:
+                raise ValueError(f"context_len must be finite and >= 0, got {context_len}")
+            self._context = float(context_len)
+        self.steps += 1
+        d_prev = self._depth if m > 0 else 0
+        if n == 0:
+            plan = StepPlan(num_requests=0, num_with_proposal=0, verified_depth=0, fill_rows=0,
+                            verify_rows=0, draft_depth=self.spec.draft_depths[0],
+                            update_stats=False, reason="empty")
+        else:
+            available = min(n + m * d_prev, self.spec.max_requests)
+            plan = self._plan(n=n, m=m, d_prev=d_prev, available=available,
+                              confidences=confidences)
+        self._depth = plan.draft_depth
+        return plan
+
+    def observe(self, obs: StepObservation) -> None:
+        """Fold a finished step's measurements in (any time after its plan)."""
+        plan = obs.plan
+        if plan.num_requests == 0:
+            return
+        accept = np.asarray(obs.accept_lens)
+        _check_observation(plan, accept, obs.verify_lens)
+        context = obs.context_len
+        if context is not None:
+            self._context = float(context)
+        if self.refresh_costs:
+            if obs.target_ms is not None:
+                self.target_costs.update(plan.verify_rows, obs.target_ms, context)
+            if obs.draft_ms is not None:
+                for rows, ms in split_draft_ms(
+                        self.spec, self.draft_costs, measured_ms=obs.draft_ms,
+                        num_requests=plan.num_requests, verify_rows=plan.verify_rows,
+                        depth=plan.draft_depth, context_len=context):
+                    self.draft_costs.update(rows, ms, context)
+        if plan.update_stats:
+            self._record(obs, accept)
+
+    # ---- subclass hooks --------------------------------------------------------------------
+
+    def _plan(self, *, n: int, m: int, d_prev: int, available: int,
+              confidences: np.ndarray | None) -> StepPlan:
+        raise NotImplementedError
+
+    def _record(self, obs: StepObservation, accept: np.ndarray) -> None:
+        """Statistics update for an eligible step; planners without statistics ignore it."""
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _make(self, *, n: int, m: int, d_prev: int, fill: int, depth: int, reason: str,
+              predicted_ms: float = math.nan, predicted_tokens: float = math.nan) -> StepPlan:
+        # A step teaches something only if every request had a proposal to verify (the skip
+        # rule: a new request's lone target row would dilute the sample) and there was one.
+        return StepPlan(num_requests=n, num_with_proposal=m, verified_depth=d_prev,
+                        fill_rows=int(fill), verify_rows=self.spec.bucket_for(int(fill)),
+                        draft_depth=int(depth), update_stats=(m == n and d_prev > 0),
+                        reason=reason, predicted_ms=float(predicted_ms),
+                        predicted_tokens=float(predicted_tokens))
+
+
+def _as_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+def _check_observation(plan: StepPlan, accept: np.ndarray, verify_lens) -> None:
+    n = plan.num_requests
+    if accept.shape != (n,):
+        raise ValueError(f"accept_lens must have shape ({n},) for a plan with {n} requests, "
+                         f"got {accept.shape}")
+    if not np.issubdtype(accept.dtype, np.number) or not np.isfinite(accept).all():
+        raise ValueError("accept_lens must be finite numbers")
+    lo, hi = accept.min(), accept.max()
+    if lo < 1 or hi > plan.verified_depth + 1:
+        raise ValueError(
+            f"accept_lens must lie in [1, {plan.verified_depth + 1}] (bonus included, proposal "
+            f"depth {plan.verified_depth}), got min {lo} max {hi}")
+    if verify_lens is not None:
+        rows = np.asarray(verify_lens)
+        if rows.shape != (n,) or (rows < 1).any() or (accept > rows).any():
+            raise ValueError("verify_lens must be [N] ints >= 1 with accept_lens <= verify_lens")
+        if rows.sum() > plan.verify_rows:
+            raise ValueError(f"verify_lens sum to {rows.sum()} rows, more than the "
+                             f"{plan.verify_rows}-row bucket that ran")

@@ -1,0 +1,260 @@
+"""Step-time tables: milliseconds per forward keyed by compiled row count and batch context.
+
+LightLLM (ModelTC/LightLLM, `mtp_speculative/planner`) times each CUDA graph once at start-up
+with 2-token dummy contexts and never refreshes, so costs that grow with context are invisible
+to it. Here a table starts from the same kind of profile and is refreshed online by an EMA of
+measured step times, with a context axis:
+
+* rows: lookup rounds up to the next key (a padded shape costs its bucket); above the largest
+  key the cost is extrapolated linearly, cost_max * rows / rows_max.
+* context (KV tokens attended, summed over the batch): columns sit on a geometric grid (four
+  per doubling). An estimate interpolates linearly between the two columns around the context
+  and is flat outside the measured range. A cell that was never measured in a column is imputed
+  from the nearest column that has it, shifted by the median difference between the two columns
+  on rows measured in both — attention adds a roughly row-independent cost per context, so the
+  shift learned on the buckets in use carries over to the others.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+_FORMAT = "lightspec-cost-table"
+_GRID_PER_DOUBLING = 4
+
+
+def snap_context(context_len: float) -> int:
+    """Nearest context grid point: 0, then 2^(k/4) rounded (k >= 0)."""
+    if not math.isfinite(context_len) or context_len < 0:
+        raise ValueError(f"context_len must be a finite number >= 0, got {context_len}")
+    if context_len < 0.5:
+        return 0
+    k = max(0, round(_GRID_PER_DOUBLING * math.log2(context_len)))
+    return int(round(2.0 ** (k / _GRID_PER_DOUBLING)))
+
+
+def _log_distance(a: int, b: int) -> float:
+    return abs(math.log2(a + 1) - math.log2(b + 1))
+
+
+class CostTable:
+    """Milliseconds per forward of one model, keyed by row count (and batch context).
+
+    CostTable({rows: ms}) is context-free: context arguments are ignored. Passing
+    `context_len=c0` declares the profile was taken at batch context c0 and turns on the
+    context axis; later updates at other contexts add columns. `decay` is the EMA weight of the
+    old value; a cell's first sample replaces its value.
+    """
+
+    def __init__(self, ms_by_rows: Mapping[int, float] | None = None, *,
+                 context_len: int | None = None, decay: float = 0.9) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay = float(decay)
+        self._context_axis = context_len is not None
+        self._reference = snap_context(context_len) if self._context_axis else None
+        # column (snapped context, or None for a context-free table) -> rows -> [ms, count]
+        self._cells: dict[int | None, dict[int, list]] = {self._reference: {}}
+        self._row_keys: list[int] = []
+        self._cache: dict[tuple[int, int | None], float] = {}
+        for rows, ms in (ms_by_rows or {}).items():
+            self._set(int(rows), self._reference, _check_ms(rows, ms), count=1)
+
+    @classmethod
+    def from_grid(cls, ms_by_context: Mapping[int, Mapping[int, float]], *,
+                  decay: float = 0.9) -> CostTable:
+        """A table profiled at several contexts: {context_len: {rows: ms}}; the first is the
+        reference context used when an estimate gives none."""
+        if not ms_by_context:
+            raise ValueError("ms_by_context is empty; give at least one context column")
+        items = list(ms_by_context.items())
+        table = cls(items[0][1], context_len=int(items[0][0]), decay=decay)
+        for context, ms_by_rows in items[1:]:
+            column = snap_context(int(context))
+            table._cells.setdefault(column, {})
+            for rows, ms in ms_by_rows.items():
+                table._set(int(rows), column, _check_ms(rows, ms), count=1)
+        return table
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    @property
+    def is_empty(self) -> bool:
+        return not self._row_keys
+
+    @property
+    def has_context_axis(self) -> bool:
+        return self._context_axis
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """Row counts with at least one measurement, ascending."""
+        return tuple(self._row_keys)
+
+    @property
+    def contexts(self) -> tuple[int, ...]:
+        """Context columns (snapped), ascending; () for a context-free table."""
+        return tuple(sorted(c for c in self._cells if c is not None))
+
+    def estimate(self, rows: int, context_len: float | None = None) -> float:
+        """Estimated ms of one forward over `rows` rows at batch context `context_len`."""
+        if self.is_empty:
+            raise ValueError("cost table is empty: profile at least one row count first "
+                             "(planners check `is_empty` and plan full width until then)")
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        i = bisect.bisect_left(self._row_keys, rows)
+        if i < len(self._row_keys):
+            return self._at_context(self._row_keys[i], context_len)
+        largest = self._row_keys[-1]
+        return self._at_context(largest, context_len) * rows / largest
+
+    def estimate_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
+        """estimate() for each row count; float64 array in the order given."""
+        return np.array([self.estimate(int(r), context_len) for r in rows], dtype=np.float64)
+
+    # ---- updates ---------------------------------------------------------------------------
+
+    def update(self, rows: int, ms: float, context_len: float | None = None) -> None:
+        """Fold one measured forward time into the table (EMA; first sample replaces).
+
+        The sample lands on the smallest key >= rows, because a padded shape runs (and costs)
+        its bucket; above the largest key, or in an empty table, `rows` becomes a new key.
+        """
+        ms = _check_ms(rows, ms)
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        i = bisect.bisect_left(self._row_keys, rows)
+        key = self._row_keys[i] if i < len(self._row_keys) else int(rows)
+        column = self._column_for(context_len)
+        cell = self._cells.setdefault(column, {}).get(key)
+        if cell is None:
+            self._set(key, column, ms, count=1)
+        else:
+            cell[0] = self.decay * cell[0] + (1.0 - self.decay) * ms
+            cell[1] += 1
+            self._cache.clear()
+
+    def count(self, rows: int, context_len: float | None = None) -> int:
+        """Samples folded into the cell that holds `rows` at `context_len` (0 if none)."""
+        i = bisect.bisect_left(self._row_keys, rows)
+        if i == len(self._row_keys):
+            return 0
+        cell = self._cells.get(self._column_for(context_len), {}).get(self._row_keys[i])
+        return 0 if cell is None else cell[1]
+
+    # ---- persistence -----------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        columns = []
+        for column in sorted(self._cells, key=lambda c: -1 if c is None else c):
+            cells = self._cells[column]
+            columns.append({
+                "context_len": column,
+                "rows": {str(r): cells[r][0] for r in sorted(cells)},
+                "counts": {str(r): cells[r][1] for r in sorted(cells)},
+            })
+        return {"format": _FORMAT, "version": 1, "decay": self.decay,
+                "context_axis": self._context_axis, "reference_context": self._reference,
+                "columns": columns}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> CostTable:
+        """Inverse of to_json(); a plain {"rows": ms} mapping also loads (context-free)."""
+        if data.get("format") != _FORMAT:
+            try:
+                return cls({int(r): float(ms) for r, ms in data.items()})
+            except (TypeError, ValueError) as err:
+                raise ValueError(
+                    f"not a cost table: expected format {_FORMAT!r} or a {{rows: ms}} mapping "
+                    f"({err})") from None
+        if data.get("version") != 1:
+            raise ValueError(f"unsupported cost table version {data.get('version')!r}; "
+                             "this build reads version 1")
+        axis = bool(data["context_axis"])
+        table = cls(context_len=data["reference_context"] if axis else None,
+                    decay=float(data["decay"]))
+        for col in data["columns"]:
+            column = col["context_len"]
+            if (column is None) == axis:
+                raise ValueError(f"column context {column!r} contradicts context_axis={axis}")
+            table._cells.setdefault(column, {})
+            for r, ms in col["rows"].items():
+                table._set(int(r), column, _check_ms(r, ms), count=int(col["counts"][r]))
+        return table
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CostTable:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(json.load(f))
+
+    def __repr__(self) -> str:
+        return (f"CostTable(rows={self._row_keys[:4]}{'...' if len(self._row_keys) > 4 else ''}, "
+                f"contexts={len(self._cells)}, decay={self.decay})")
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _set(self, rows: int, column: int | None, ms: float, *, count: int) -> None:
+        self._cells.setdefault(column, {})[rows] = [ms, count]
+        i = bisect.bisect_left(self._row_keys, rows)
+        if i == len(self._row_keys) or self._row_keys[i] != rows:
+            self._row_keys.insert(i, rows)
+        self._cache.clear()
+
+    def _column_for(self, context_len: float | None) -> int | None:
+        if not self._context_axis:
+            return None
+        return self._reference if context_len is None else snap_context(context_len)
+
+    def _at_context(self, key: int, context_len: float | None) -> float:
+        if not self._context_axis:
+            return self._cells[None][key][0]
+        if context_len is None:
+            return self._cell(key, self._reference)
+        columns = self.contexts
+        x = float(context_len)
+        j = bisect.bisect_right(columns, x)
+        if j == 0:
+            return self._cell(key, columns[0])
+        if j == len(columns):
+            return self._cell(key, columns[-1])
+        lo, hi = columns[j - 1], columns[j]
+        w = (x - lo) / (hi - lo)
+        return (1.0 - w) * self._cell(key, lo) + w * self._cell(key, hi)
+
+    def _cell(self, key: int, column: int) -> float:
+        cell = self._cells[column].get(key)
+        if cell is not None:
+            return cell[0]
+        cached = self._cache.get((key, column))
+        if cached is not None:
+            return cached
+        here = self._cells[column]
+        donors = sorted((c for c, cells in self._cells.items() if key in cells),
+                        key=lambda c: _log_distance(c, column))
+        value = self._cells[donors[0]][key][0]
+        for donor in donors:
+            shared = [r for r in here if r in self._cells[donor]]
+            if shared:
+                shift = float(np.median([here[r][0] - self._cells[donor][r][0] for r in shared]))
+                value = max(self._cells[donor][key][0] + shift, 1e-9)
+                break
+        self._cache[(key, column)] = value
+        return value
+
+
+def _check_ms(rows, ms) -> float:
+    ms = float(ms)
+    if not math.isfinite(ms) or ms <= 0.0:
+        raise ValueError(f"cost for {rows} rows must be a finite number of ms > 0, got {ms}")
+    return ms

@@ -1,0 +1,179 @@
+"""LightSpec: choose the verify budget and the next draft depth from costs and statistics.
+
+J(N, u, d) = [T_target(B) + T_draft(N, B, d)] / clamp(u * p(N, u, d), N, N(d+1)), in ms per
+committed token (lightspec-algorithm.md §5-6; ModelTC/LightLLM `mtp_speculative/planner`):
+
+* stage 1 (budget): u minimising J(N, u, d_prev) over the candidates for the proposal that
+  exists, so the draft is priced at d_prev; ties go to the smaller u;
+* stage 2 (next depth): d minimising min_u' J(N, u', d) over all allowed d with u' up to the
+  full width N(d+1). It does not depend on stage 1, so a shallow proposal cannot trap the
+  planner at low depth; ties go to the smaller d;
+* cold start: full width and the deepest depth until costs and a progress sample exist.
+
+Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
+planner trims or drafts shallow, deeper positions are verified only for confident requests or
+not at all, and their full-width survival stops being refreshed; if acceptance then rises, the
+stale estimates keep the planner shallow. A probe drafts depth 2d+1 (d the current best depth,
+capped at the deepest allowed) and verifies it at full width on the next step. Doubling rather
+than jumping to the deepest depth keeps a probe's cost in proportion to normal steps, and a
+planner whose best depth grows climbs there in a few probes. Probes are budgeted: one runs when
+its estimated extra cost (its ms minus its tokens priced at the current best ms/token) is at
+most `explore_fraction` of the step time spent since the last probe, and at least
+`min_probe_interval` steps apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import BasePlanner
+from .costs import CostTable
+from .objective import StepCosts, candidate_rows, first_best
+from .stats import ESTIMATORS, AcceptanceStats
+from .types import PlannerSpec, StepObservation, StepPlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class LightSpecOptions:
+    estimator: str = "survival"  # or "interpolate" (§10 ablation)
+    progress_decay: float = 0.9  # EMA weight of the old value (LightLLM: 0.9)
+    survival_decay: float = 0.9
+    stat_half_life: float | None = 512.0  # steps; None keeps EMAs forever (LightLLM)
+    sample_floor: int = 16  # requests per full-weight EMA update; 1 is LightLLM's rule
+    full_width_from_survival: bool = True  # False: full-width keys use their EMA (LightLLM)
+    explore_fraction: float = 0.02  # share of step time probes may cost; 0 disables probes
+    min_probe_interval: int = 16  # steps between probes, at least
+    refresh_costs: bool = True  # EMA-refresh cost tables from measured times
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if not 0.0 <= self.explore_fraction < 1.0:
+            raise ValueError(f"explore_fraction must be in [0, 1), got {self.explore_fraction}")
+        if self.min_probe_interval < 1:
+            raise ValueError(f"min_probe_interval must be >= 1, got {self.min_probe_interval}")
+
+
+class LightSpecPlanner(BasePlanner):
+    """Dynamic verify budget and draft depth (training-free)."""
+
+    name = "dynamic"
+
+    def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
+                 draft_costs: CostTable | None = None,
+                 options: LightSpecOptions | None = None) -> None:
+        self.options = options or LightSpecOptions()
+        super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs,
+                         refresh_costs=self.options.refresh_costs)
+        self.stats = AcceptanceStats(max_depth=spec.max_depth,
+                                     progress_decay=self.options.progress_decay,
+                                     survival_decay=self.options.survival_decay,
+                                     estimator=self.options.estimator,
+                                     half_life=self.options.stat_half_life,
+                                     sample_floor=self.options.sample_floor,
+                                     full_width_from_survival=(
+                                         self.options.full_width_from_survival))
+        self._probe_depth = 0  # depth of the pending probe's proposal; 0: no probe pending
+        self._last_probe_step = 0
+        self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
+
+    # ---- planning --------------------------------------------------------------------------
+
+    def _plan(self, *, n: int, m: int, d_prev: int, available: int,
+              confidences: np.ndarray | None) -> StepPlan:
+        if not (self.has_costs and self.stats.has_progress):
+            return self._make(n=n, m=m, d_prev=d_prev, fill=available,
+                              depth=self.spec.draft_depths[-1], reason="cold")
+        costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
+                                num_requests=n, context_len=self._context)
+        probing = self._probe_depth > 0 and d_prev >= self._probe_depth and m == n
+        if probing:
+            fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=True)
+            reason = "probe"
+            self._probe_depth = 0
+            self._last_probe_step = self.steps
+        elif d_prev == 0:  # nothing drafted: only target rows; priced with a depth-1 draft
+            fill, step_ms, tokens = self._evaluate(costs, n, n, 1)
+            reason = "plan"
+        else:
+            fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev)
+            reason = "plan"
+        depth, best_j = self._next_depth(costs, n)
+        if self._probe_depth == 0:
+            self._probe_depth = self._maybe_probe(costs, n, depth, best_j)
+        if self._probe_depth > 0:
+            depth = self._probe_depth
+        if probing:
+            self._spent_since_probe = 0.0
+        elif math.isfinite(step_ms):
+            self._spent_since_probe += step_ms
+        return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
+                          predicted_ms=step_ms, predicted_tokens=tokens)
+
+    def ms_per_token(self, *, num_requests: int, fill_rows: int, depth: int,
+                     context_len: float | None = None) -> float:
+        """J(N, u, d): estimated target + draft ms per committed token of verifying `fill_rows`
+        rows of a depth-`depth` proposal for N requests (its bucket's cost). For diagnostics
+        and tests; plan() evaluates the same quantity."""
+        if not self.has_costs:
+            raise ValueError("no cost estimates yet: give target_costs and draft_costs")
+        context = self._context if context_len is None else context_len
+        costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
+                                num_requests=num_requests, context_len=context)
+        bucket = np.array([self.spec.bucket_for(fill_rows)])
+        progress = self.stats.progress(num_requests, fill_rows, depth, now=self.steps)
+        tokens = min(max(fill_rows * progress, num_requests), num_requests * (depth + 1))
+        return float(costs.step_ms(bucket, depth)[0]) / tokens
+
+    def _objective(self, costs: StepCosts, n: int, available: int, depth: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(u [C], step ms [C], tokens [C]) for every candidate at one proposal depth."""
+        u, buckets = candidate_rows(self.spec, n, available)
+        progress = self.stats.progress_many(n, u, depth, now=self.steps)  # [C]
+        tokens = np.clip(u * progress, n, n * (depth + 1))
+        return u, costs.step_ms(buckets, depth), tokens
+
+    def _evaluate(self, costs: StepCosts, n: int, available: int, depth: int,
+                  full: bool = False) -> tuple[int, float, float]:
+        """Stage 1: the u with the lowest ms per token (or the full width for a probe)."""
+        u, step_ms, tokens = self._objective(costs, n, available, depth)
+        i = len(u) - 1 if full else first_best(step_ms / tokens)
+        return int(u[i]), float(step_ms[i]), float(tokens[i])
+
+    def _next_depth(self, costs: StepCosts, n: int) -> tuple[int, float]:
+        """Stage 2: the depth whose best full-proposal configuration costs least per token."""
+        best_depth, best_j = self.spec.draft_depths[0], math.inf
+        for depth in self.spec.draft_depths:
+            full = min(n * (depth + 1), self.spec.max_requests)
+            _, step_ms, tokens = self._objective(costs, n, full, depth)
+            j = float(np.min(step_ms / tokens))
+            if j < best_j * (1.0 - 1e-12):  # ties (to rounding) keep the smaller depth
+                best_depth, best_j = depth, j
+        return best_depth, best_j
+
+    def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
+        """Depth of a probe to start now, or 0 if none is due or affordable."""
+        if self.options.explore_fraction <= 0.0:
+            return 0
+        if self.steps - self._last_probe_step < self.options.min_probe_interval:
+            return 0
+        depths = self.spec.draft_depths
+        target = min(2 * best_depth + 1, depths[-1])
+        probe = next(d for d in depths if d >= target)
+        full = min(n * (probe + 1), self.spec.max_requests)
+        _, step_ms, tokens = self._objective(costs, n, full, probe)
+        # A probe still commits tokens; only what it costs beyond their going price is waste.
+        extra = max(0.0, float(step_ms[-1]) - float(tokens[-1]) * best_j)
+        affordable = extra <= self.options.explore_fraction * self._spent_since_probe
+        return probe if affordable else 0
+
+    # ---- statistics ------------------------------------------------------------------------
+
+    def _record(self, obs: StepObservation, accept: np.ndarray) -> None:
+        plan = obs.plan
+        self.stats.record(num_requests=plan.num_requests, fill_rows=plan.fill_rows,
+                          depth=plan.verified_depth, accept_lens=accept,
+                          verify_lens=obs.verify_lens, step=self.steps)

@@ -1,0 +1,389 @@
+"""Closed-loop serving simulation: any planner, or the oracle, on a synthetic workload.
+
+    python -m lightspec_jax.planner.simulate --all            # the tables in simulate.md
+    python -m lightspec_jax.planner.simulate --profiles chat --concurrency 256 --json out.json
+
+C requests are in flight; a finished request is replaced at once by the next (request rate
+infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrency C`). Each step:
+
+  admit    new requests are prefilled inside the step (their compute is charged); the drafter
+           proposes for them at prefill, as Eagle3 engines do (`--no-draft-at-prefill`: not)
+  plan     planner.plan(step i), THEN planner.observe(step i-1): statistics arrive one step late,
+           as with overlapped scheduling (lightspec-algorithm.md §9)
+  accept   the workload profile draws, per request and position, whether drafts match and the
+           drafter's confidences (planner/profiles.py)
+  fill     the device's choice: the top u - N draft rows by prefix survival of clipped
+           confidences (every request keeps its target row), deterministic tie order
+  commit   accept_len = min(accepted, verified) + 1, truncated at the request's output length
+  cost     target(bucket) + draft run at the next depth (+ prefill), from the cost model, with
+           2% log-normal timing noise; the planner sees these measured times
+
+Metrics cover the saturated phase only: steps that start while requests are still queued, so
+every slot that frees is refilled and the batch holds C requests. The drain at the end (the
+last, longest requests running at ever lower concurrency) is excluded: with a few hundred
+requests it would otherwise dominate low-concurrency results; its totals are in `extra`.
+Throughput counts every output token (the prefill's first token included) over simulated time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import make_planner
+from .costmodel import RooflineCostModel, TableCostModel, profile_tables
+from .oracle import Oracle
+from .profiles import PROFILES, AcceptanceModel
+from .report import format_report
+from .types import PlannerSpec, StepObservation, geometric_buckets
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    label: str
+    kind: str  # "static" | "dynamic" | "dspark" | "oracle"
+    max_depth: int
+    options: tuple = ()  # (name, value) pairs passed to make_planner
+
+
+POLICIES: dict[str, Policy] = {
+    "static-3": Policy(label="static K=3", kind="static", max_depth=3),
+    "static-11": Policy(label="static K=11", kind="static", max_depth=11),
+    "static-7": Policy(label="static K=7", kind="static", max_depth=7),  # calibration check
+    "dynamic": Policy(label="LightSpec dynamic K<=11", kind="dynamic", max_depth=11),
+    "dspark": Policy(label="DSpark-style K=7", kind="dspark", max_depth=7),
+    "oracle": Policy(label="oracle K<=11", kind="oracle", max_depth=11),
+    # ablations of the dynamic planner
+    "dynamic-lightllm": Policy(
+        label="dynamic as LightLLM's final planner", kind="dynamic", max_depth=11,
+        options=(("refresh_costs", False), ("explore_fraction", 0.0), ("stat_half_life", None),
+                 ("sample_floor", 1), ("full_width_from_survival", False))),
+    "dynamic-no-refresh": Policy(label="dynamic, start-up costs only", kind="dynamic",
+                                 max_depth=11, options=(("refresh_costs", False),)),
+    "dynamic-no-explore": Policy(label="dynamic, no probes/aging", kind="dynamic", max_depth=11,
+                                 options=(("explore_fraction", 0.0), ("stat_half_life", None))),
+    "dynamic-interp": Policy(label="dynamic, interpolation estimator", kind="dynamic",
+                             max_depth=11, options=(("estimator", "interpolate"),)),
+    "dspark-11": Policy(label="DSpark-style K=11", kind="dspark", max_depth=11),
+}
+MAIN_POLICIES = ("static-3", "static-11", "dynamic", "dspark", "oracle")
+ABLATION_POLICIES = ("dynamic", "dynamic-lightllm", "dynamic-no-refresh", "dynamic-no-explore",
+                     "dynamic-interp", "dspark-11")
+CONCURRENCIES = (1, 4, 16, 64, 256)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    profile: str
+    concurrency: int
+    policy: str
+    num_requests: int
+    seed: int = 0
+    steps_per_octave: int = 4  # verify buckets: geometric_buckets(C (K+1), steps_per_octave)
+    draft_at_prefill: bool = True
+    timing_noise: float = 0.02
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    profile: str
+    concurrency: int
+    policy: str
+    label: str
+    output_tokens: int = 0
+    time_ms: float = 0.0
+    steps: int = 0
+    request_steps: int = 0  # sum over steps of N
+    committed: int = 0  # accept_len summed (bonus included) before length truncation
+    accepted_drafts: int = 0
+    verified_drafts: int = 0
+    fill_rows: int = 0  # real verified rows, target rows included
+    bucket_rows: int = 0  # compiled rows run, padding included
+    draft_depth_sum: int = 0
+    probes: int = 0
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        """Output tokens per second of simulated time."""
+        return 1000.0 * self.output_tokens / self.time_ms if self.time_ms else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.committed / self.request_steps if self.request_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_drafts / self.verified_drafts if self.verified_drafts else 0.0
+
+    @property
+    def rows_per_request_step(self) -> float:
+        return self.fill_rows / self.request_steps if self.request_steps else 0.0
+
+    def summary(self) -> dict:
+        out = asdict(self)
+        out.update(throughput=self.throughput, acceptance_length=self.acceptance_length,
+                   acceptance_rate=self.acceptance_rate,
+                   rows_per_request_step=self.rows_per_request_step)
+        return out
+
+
+def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunResult:
+    """Simulate one (profile, concurrency, policy) to completion of config.num_requests.
+
+    trace: if a list, one dict per step is appended (N, rows, bucket, depths, tokens, ms).
+    """
+    wall = time.perf_counter()
+    cost = cost_model or RooflineCostModel()
+    policy = POLICIES[config.policy]
+    model = AcceptanceModel.calibrated(config.profile)
+    k = policy.max_depth
+    c = config.concurrency
+    spec = PlannerSpec(verify_buckets=geometric_buckets(c * (k + 1),
+                                                        steps_per_octave=config.steps_per_octave),
+                       draft_depths=tuple(range(1, k + 1)), max_depth=k)
+    planner = oracle = None
+    if policy.kind == "oracle":
+        oracle = Oracle(spec, cost)
+    else:
+        target, draft = profile_tables(cost, spec.verify_buckets)
+        planner = make_planner(policy.kind, spec, target_costs=target, draft_costs=draft,
+                               **dict(policy.options))
+    prompts, outputs, quality, drift0 = requests_for(config)  # [R] each
+    profile_index = sorted(PROFILES).index(config.profile)
+    rng = np.random.default_rng([config.seed, 2, profile_index, c])
+    res = RunResult(profile=config.profile, concurrency=c, policy=config.policy,
+                    label=policy.label)
+
+    slot_req = np.full(c, -1)  # request id held by each slot, -1 free
+    generated = np.zeros(c, dtype=np.int64)
+    drift = np.zeros(c)
+    has_proposal = np.zeros(c, dtype=bool)
+    next_req, depth_now = 0, 0  # depth_now: draft depth of the latest plan
+    pending, stale_conf = None, None
+    drain = RunResult(profile=config.profile, concurrency=c, policy=config.policy,
+                      label=policy.label)
+    while True:
+        queued = next_req < config.num_requests
+        acc = res if queued else drain  # where this step's metrics go
+        prefill_ms = 0.0
+        free = np.flatnonzero(slot_req < 0)[:config.num_requests - next_req]
+        if free.size:
+            ids = np.arange(next_req, next_req + free.size)
+            next_req += free.size
+            slot_req[free], drift[free] = ids, drift0[ids]
+            generated[free] = 1  # prefill emits the first token
+            has_proposal[free] = config.draft_at_prefill and depth_now > 0
+            acc.output_tokens += free.size
+            prefill_ms = sum(cost.prefill_ms(int(p)) for p in prompts[ids])
+            done = generated[free] >= outputs[ids]
+            slot_req[free[done]] = -1
+        idx = np.flatnonzero(slot_req >= 0)  # [N] active slots
+        if idx.size == 0:
+            if next_req >= config.num_requests:
+                break
+            continue
+        ids = slot_req[idx]
+        n = idx.size
+        m = int(has_proposal[idx].sum())
+        context = float((prompts[ids] + generated[idx]).sum())
+        remaining = outputs[ids] - generated[idx]  # [N] >= 1
+        drift[idx], potential, conf = model.step(rng, quality[ids], drift[idx], k)
+
+        if oracle is not None:
+            useful = np.where(has_proposal[idx], np.minimum(potential, remaining - 1), 0)
+            depth, bucket, verified = oracle.choose(useful, context=context)
+            draft_depth, fill = depth, n + int(verified.sum())
+        else:
+            plan = planner.plan(num_requests=n, num_with_proposal=m, confidences=stale_conf,
+                                context_len=context)
+            if pending is not None:
+                planner.observe(pending)
+            verified = _fill(conf, has_proposal[idx], plan.verified_depth, plan.fill_rows - n)
+            bucket, draft_depth, fill = plan.verify_rows, plan.draft_depth, plan.fill_rows
+            acc.probes += plan.probe
+        accept = np.minimum(potential, verified) + 1  # [N] bonus included
+        committed = np.minimum(accept, remaining)
+
+        noise = np.exp(config.timing_noise * rng.standard_normal(2))
+        n_bucket = spec.bucket_for(n)
+        target_ms = cost.target_ms(bucket, context, n) * noise[0]
+        draft_ms = (cost.draft_ms(bucket, context, n)
+                    + (draft_depth - 1) * cost.draft_ms(n_bucket, context, n)) * noise[1]
+        step_ms = target_ms + draft_ms + prefill_ms
+        if planner is not None:
+            pending = StepObservation(plan=plan, accept_lens=accept, target_ms=target_ms,
+                                      draft_ms=draft_ms, context_len=int(context),
+                                      verify_lens=verified + 1)
+            stale_conf = conf  # DSpark-style reads last step's confidences (host lag)
+        else:
+            oracle.account(float(committed.sum()), target_ms + draft_ms)
+
+        if trace is not None:
+            trace.append(dict(n=n, m=m, fill=fill, bucket=bucket, draft_depth=draft_depth,
+                              verified=verified.copy(), accept=accept.copy(),
+                              committed=int(committed.sum()), step_ms=step_ms,
+                              prefill_ms=prefill_ms, admitted=int(free.size)))
+        acc.time_ms += step_ms
+        acc.steps += 1
+        acc.request_steps += n
+        acc.output_tokens += int(committed.sum())
+        acc.committed += int(accept.sum())
+        acc.accepted_drafts += int((accept - 1).sum())
+        acc.verified_drafts += int(verified.sum())
+        acc.fill_rows += fill
+        acc.bucket_rows += bucket
+        acc.draft_depth_sum += draft_depth
+        generated[idx] += committed
+        has_proposal[idx] = True
+        depth_now = draft_depth
+        finished = idx[generated[idx] >= outputs[ids]]
+        slot_req[finished] = -1
+    res.wall_s = time.perf_counter() - wall
+    res.extra.update(drain_steps=drain.steps, drain_time_ms=drain.time_ms,
+                     whole_run_throughput=1000.0 * (res.output_tokens + drain.output_tokens)
+                     / (res.time_ms + drain.time_ms))
+    return res
+
+
+def requests_for(config: SimConfig) -> tuple[np.ndarray, ...]:
+    """(prompt_len, output_len, quality, initial drift), each [R], for a run's requests.
+
+    They depend on (seed, profile) only, so every policy and concurrency serves the same ones.
+    """
+    model = AcceptanceModel.calibrated(config.profile)
+    rng = np.random.default_rng([config.seed, 1, sorted(PROFILES).index(config.profile)])
+    prompts, outputs, quality = model.new_requests(rng, config.num_requests)
+    return prompts, outputs, quality, model.initial_drift(rng, config.num_requests)
+
+
+def _fill(conf: np.ndarray, has_proposal: np.ndarray, depth: int, budget: int) -> np.ndarray:
+    """Device fill: verified drafts per request [N], the top `budget` draft rows by prefix
+    survival cumprod(clip(c, 0.01, 0.99)) among requests with a proposal of `depth`.
+
+    Survival strictly decreases along a request, so the top rows always form prefixes. Ties
+    across requests break by request order, then position (a stable sort), deterministically.
+    """
+    n = conf.shape[0]
+    verified = np.zeros(n, dtype=np.int64)
+    if depth == 0 or budget <= 0:
+        return verified
+    survival = np.cumprod(np.clip(conf[:, :depth], 0.01, 0.99), axis=1)  # [N, d]
+    survival[~has_proposal] = -1.0  # no draft rows to verify there
+    order = np.argsort(-survival.ravel(), kind="stable")[:budget]
+    order = order[survival.ravel()[order] > 0]
+    np.add.at(verified, order // depth, 1)
+    return verified
+
+
+def default_requests(concurrency: int) -> int:
+    """Enough requests for several generations of the batch, and >= 32 at low concurrency."""
+    return max(4 * concurrency, 32)
+
+
+def _run_task(args):
+    config, cost_path, overrides = args
+    cost = TableCostModel.load(cost_path) if cost_path else RooflineCostModel(**overrides)
+    return run(config, cost).summary()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="lightspec-bench simulate",
+        description="Closed-loop serving simulation of speculative-decoding planners "
+                    "(static K, LightSpec dynamic, DSpark-style) against an oracle.")
+    parser.add_argument("--profiles", nargs="+", default=["chat"], choices=sorted(PROFILES),
+                        help="workload profiles (default: chat)")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCIES),
+                        help="concurrency levels (default: %(default)s)")
+    parser.add_argument("--policies", nargs="+", default=list(MAIN_POLICIES),
+                        choices=sorted(POLICIES), help="policies (default: %(default)s)")
+    parser.add_argument("--all", action="store_true",
+                        help="every profile, the default concurrencies and policies, plus "
+                             "ablations on chat and code: the run behind "
+                             "benchmarks/results/simulate.md")
+    parser.add_argument("--cost-model", choices=("roofline", "table"), default="roofline",
+                        help="ground-truth step times: H200 roofline, or --cost-table file")
+    parser.add_argument("--cost-table", metavar="PATH",
+                        help='JSON {"target": CostTable, "draft": CostTable} (implies '
+                             "--cost-model table)")
+    parser.add_argument("--write-cost-table", metavar="PATH",
+                        help="write the roofline's start-up tables in that format and exit")
+    parser.add_argument("--target-overhead-ms", type=float, default=None,
+                        help="roofline fixed cost per target step (default: calibrated 2.22)")
+    parser.add_argument("--draft-overhead-ms", type=float, default=None,
+                        help="roofline fixed cost per draft forward (default: calibrated 1.10)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests per run (default: max(4 x concurrency, 32))")
+    parser.add_argument("--steps-per-octave", type=int, default=4,
+                        help="verify bucket density (default: 4 sizes per doubling)")
+    parser.add_argument("--no-draft-at-prefill", action="store_true",
+                        help="new requests have no proposal on their first decode step")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="worker processes (default: all CPUs)")
+    parser.add_argument("--json", metavar="PATH", help="also write every run's metrics as JSON")
+    args = parser.parse_args(argv)
+
+    overrides = {}
+    if args.target_overhead_ms is not None:
+        overrides["target_overhead_ms"] = args.target_overhead_ms
+    if args.draft_overhead_ms is not None:
+        overrides["draft_overhead_ms"] = args.draft_overhead_ms
+    if args.write_cost_table:
+        model = RooflineCostModel(**overrides)
+        target, draft = profile_tables(model, geometric_buckets(4096))
+        TableCostModel(target=target, draft=draft).save(args.write_cost_table)
+        return 0
+    if args.cost_model == "table" and not args.cost_table:
+        parser.error("--cost-model table needs --cost-table PATH")
+    cost_path = args.cost_table
+    if cost_path:
+        TableCostModel.load(cost_path)  # fail early with the file's own error
+    if any(c < 1 for c in args.concurrency):
+        parser.error("concurrency levels must be >= 1")
+
+    groups = [(p, args.policies) for p in args.profiles]
+    if args.all:
+        groups = [(p, list(MAIN_POLICIES)) for p in sorted(PROFILES)]
+        groups += [(p, [q for q in ABLATION_POLICIES if q not in MAIN_POLICIES])
+                   for p in ("chat", "code")]
+    tasks = []
+    for profile, policies in groups:
+        for c in args.concurrency:
+            for name in policies:
+                config = SimConfig(profile=profile, concurrency=c, policy=name,
+                                   num_requests=args.requests or default_requests(c),
+                                   seed=args.seed, steps_per_octave=args.steps_per_octave,
+                                   draft_at_prefill=not args.no_draft_at_prefill)
+                tasks.append((config, cost_path, overrides))
+    # Longest runs (low concurrency: most steps) first keeps the workers evenly loaded.
+    tasks.sort(key=lambda t: t[0].concurrency)
+    start = time.perf_counter()
+    if args.jobs > 1:
+        with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(_run_task, tasks))
+    else:
+        results = [_run_task(t) for t in tasks]
+    wall = time.perf_counter() - start
+    cost_name = cost_path or RooflineCostModel(**overrides).name
+    command = "python -m lightspec_jax.planner.simulate " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    print(format_report(results, cost_name=cost_name, command=command.strip(), wall_s=wall,
+                        jobs=args.jobs))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"command": command.strip(), "wall_s": wall, "runs": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""Acceptance statistics: how many tokens a verify of u rows commits.
+
+Progress p(N, u, d) = committed tokens per verified row (bonus included), so a step with u rows
+is expected to commit u * p tokens. Following LightLLM's final planner (lightspec-algorithm.md
+§3-4):
+
+* an EMA of p keyed by the executed (N, u, d): ONE sample per step, sum(accept_lens) / u —
+  per-request samples would make adaptation speed depend on concurrency;
+* a per-depth prefix survival s[j] = P(accept_len > j), updated only from full-width steps
+  (u = N(d+1)): a trimmed step verifies deep positions only for confident requests and would
+  bias s[j] upward for those and leave others unseen;
+* for an unseen key, the survival fill: the device fills depth 1 for every request, then depth
+  2, ...; each row at depth j commits s[j] tokens (an unmeasured depth counts as 1.0, which
+  makes unexplored depths look attractive once).
+
+Additions of ours:
+
+* full-width keys use the survival fill, not their own EMA: at u = N(d+1) every row is
+  verified, so the fill is exact in expectation, and survival is fed by every full-width step at
+  any depth while a key's EMA only by steps at that very key;
+* weights: a step with N requests counts as w = min(1, N / sample_floor) steps, and every
+  average is a bias-corrected EMA — alpha = w / min(W, 1 / (1 - decay)) with W the weight seen
+  so far — so a young estimate is the plain mean of its samples and an old one an EMA with
+  alpha = w (1 - decay). LightLLM starts the EMA at the first sample and moves it by 1 - decay
+  whatever N is; at N = 1 that is one 0/1 outcome per step, the first of which stands almost
+  alone for ten steps and later ones leave it ~20% noisy — enough to flip the depth choice.
+  From N = sample_floor on, and once W >= 1 / (1 - decay), the update is LightLLM's;
+* staleness: an EMA entry's weight halves every `half_life` steps since its last update and the
+  remainder goes to the fill estimate, which exploration probes keep current. Without this a key
+  measured long ago, when acceptance was different, would outvote fresh survival data forever.
+* estimator="interpolate" (ablation, after LightLLM's first commit b1623cad3, §10): per-length
+  ratios r[l] = E[min(accepted, l)] / l from every eligible step, interpolated linearly in
+  fractional draft rows per request s = u/N - 1, blended with the EMA by sample count
+  (w = count / blend_samples). We interpolate the accepted count A(l) = l r[l] with A(0) = 0
+  rather than r itself, so that s < 1 does not discount the rows it does verify.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ESTIMATORS = ("survival", "interpolate")
+
+
+class AcceptanceStats:
+    """Running acceptance statistics for depths 1..max_depth."""
+
+    def __init__(self, *, max_depth: int, progress_decay: float = 0.9,
+                 survival_decay: float = 0.9, ratio_decay: float = 0.95,
+                 estimator: str = "survival", blend_samples: int = 10,
+                 half_life: float | None = None, sample_floor: int = 1,
+                 full_width_from_survival: bool = False) -> None:
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        for name, value in (("progress_decay", progress_decay), ("survival_decay", survival_decay),
+                            ("ratio_decay", ratio_decay)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
+        if blend_samples < 1:
+            raise ValueError(f"blend_samples must be >= 1, got {blend_samples}")
+        if sample_floor < 1:
+            raise ValueError(f"sample_floor must be >= 1 request, got {sample_floor}")
+        if half_life is not None and not half_life > 0:
+            raise ValueError(f"half_life must be > 0 steps or None, got {half_life}")
+        self.max_depth = int(max_depth)
+        self.progress_decay = progress_decay
+        self.survival_decay = survival_decay
+        self.ratio_decay = ratio_decay
+        self.estimator = estimator
+        self.blend_samples = blend_samples
+        self.half_life = half_life
+        self.sample_floor = sample_floor
+        self.full_width_from_survival = full_width_from_survival
+        # (N, u, d) -> [progress EMA, sample count, step of last update, weight seen]
+        self._progress: dict[tuple[int, int, int], list] = {}
+        # index j (1..K) used; NaN = never measured. survival[j] = P(accept_len > j)
+        self.survival = np.full(self.max_depth + 1, np.nan)
+        self.ratio = np.full(self.max_depth + 1, np.nan)  # r[l], l = 1..K
+        self._survival_weight = np.zeros(self.max_depth + 1)
+        self._ratio_weight = np.zeros(self.max_depth + 1)
+
+    # ---- updates ---------------------------------------------------------------------------
+
+    def record(self, *, num_requests: int, fill_rows: int, depth: int, accept_lens: np.ndarray,
+               verify_lens: np.ndarray | None, step: int) -> None:
+        """Fold one executed step into the statistics (callers apply the skip rule first)."""
+        accept = np.asarray(accept_lens, dtype=np.float64)  # [N]
+        key = (int(num_requests), int(fill_rows), int(depth))
+        sample = float(accept.sum()) / fill_rows
+        share = min(1.0, num_requests / self.sample_floor)  # this step's weight, in steps
+        entry = self._progress.setdefault(key, [0.0, 0, step, 0.0])
+        entry[3] += share
+        alpha = share / min(entry[3], 1.0 / (1.0 - self.progress_decay))
+        entry[0] += alpha * (sample - entry[0])
+        entry[1] += 1
+        entry[2] = step
+        if fill_rows == num_requests * (depth + 1):
+            j = np.arange(1, depth + 1)
+            survived = (accept[None, :] > j[:, None]).mean(axis=1)  # [d]
+            _update(self.survival, self._survival_weight, slice(1, depth + 1), survived, share,
+                    self.survival_decay)
+            if verify_lens is None:
+                verify_lens = np.full(accept.shape, depth + 1)
+        if verify_lens is not None:
+            self._record_ratios(accept, np.asarray(verify_lens), share)
+
+    def _record_ratios(self, accept: np.ndarray, verify_lens: np.ndarray, share: float) -> None:
+        drafts = verify_lens - 1  # [N] draft rows verified per request
+        accepted = accept - 1.0  # [N]
+        for l in range(1, min(int(drafts.max(initial=0)), self.max_depth) + 1):
+            seen = drafts >= l
+            sample = float(np.minimum(accepted[seen], l).mean()) / l
+            _update(self.ratio, self._ratio_weight, slice(l, l + 1), np.array([sample]), share,
+                    self.ratio_decay)
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    @property
+    def has_progress(self) -> bool:
+        return bool(self._progress)
+
+    @property
+    def has_survival(self) -> bool:
+        return bool(np.isfinite(self.survival[1:]).any())
+
+    def entry(self, num_requests: int, fill_rows: int, depth: int) -> tuple[float, int] | None:
+        """(EMA, sample count) for an exact key, or None if it was never recorded."""
+        e = self._progress.get((num_requests, fill_rows, depth))
+        return None if e is None else (e[0], e[1])
+
+    def progress(self, num_requests: int, fill_rows: int, depth: int, *, now: int) -> float:
+        """Expected committed tokens per verified row at (N, u, d); in (0, 1]."""
+        return float(self.progress_many(num_requests, np.array([fill_rows]), depth, now=now)[0])
+
+    def progress_many(self, num_requests: int, fill_rows: np.ndarray, depth: int, *,
+                      now: int) -> np.ndarray:
+        """progress() for several u at one (N, d); fill_rows: [C] ints in [N, N(d+1)]."""
+        n = int(num_requests)
+        u = np.asarray(fill_rows, dtype=np.int64)  # [C]
+        prior = self._prior(n, u, depth)  # [C]
+        out = prior.copy()
+        exact_full = (self.full_width_from_survival
+                      and np.isfinite(self.survival[1:min(depth, self.max_depth) + 1]).all())
+        for i, rows in enumerate(u.tolist()):
+            if exact_full and rows == n * (depth + 1):
+                continue  # the fill is exact at full width and better fed than one key's EMA
+            e = self._progress.get((n, rows, depth))
+            if e is None:
+                continue
+            weight = 1.0
+            if self.half_life is not None:
+                weight = 0.5 ** (max(0, now - e[2]) / self.half_life)
+            if self.estimator == "interpolate":
+                weight *= min(1.0, e[1] / self.blend_samples)
+            out[i] = weight * e[0] + (1.0 - weight) * prior[i]
+        return out
+
+    def _prior(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:
+        """Estimate without an exact-key EMA: survival fill, interpolation, or 1.0."""
+        if self.estimator == "interpolate" and np.isfinite(self.ratio[1:]).any():
+            return self._interpolated(n, u, depth)
+        if not self.has_survival:
+            return np.ones(u.shape)
+        return self._survival_fill(n, u, depth)
+
+    def _survival_fill(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:
+        s = np.where(np.isfinite(self.survival), self.survival, 1.0)
+        committed = np.full(u.shape, float(n))
+        remaining = u - n  # [C] draft rows to place
+        for j in range(1, min(depth, self.max_depth) + 1):
+            r = np.minimum(n, remaining)
+            if not (r > 0).any():
+                break
+            committed += np.maximum(r, 0) * s[j]
+            remaining = remaining - r
+        return committed / np.maximum(u, 1)
+
+    def _interpolated(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:
+        r = np.where(np.isfinite(self.ratio), self.ratio, 1.0)
+        lengths = np.arange(self.max_depth + 1)
+        accepted = lengths * r  # [K+1] A(l) = l r[l]
+        accepted[0] = 0.0
+        s = np.clip((u - n) / max(n, 1), 0.0, min(depth, self.max_depth))  # [C]
+        a = np.interp(s, lengths, accepted)  # [C]
+        return (n + n * a) / np.maximum(u, 1)
+
+
+def _update(values: np.ndarray, weights: np.ndarray, where: slice, sample: np.ndarray,
+            share: float, decay: float) -> None:
+    """Bias-corrected EMA in place: a mean of the samples until their weight reaches
+    1 / (1 - decay), an EMA with alpha = share (1 - decay) after; NaN = never measured."""
+    weights[where] += share
+    alpha = share / np.minimum(weights[where], 1.0 / (1.0 - decay))
+    old = values[where]
+    values[where] = np.where(np.isnan(old), sample, old + alpha * (sample - old))

@@ -1,0 +1,164 @@
+"""Plain data passed between a serving loop and a planner: numpy and the standard library only.
+
+Axis legend used in every planner file:
+  N  requests in the step            M  requests whose proposal exists (M <= N)
+  K  maximum draft depth             d  draft depth (d_prev: depth of the proposal being verified)
+  u  useful verify rows, N <= u <= N + M*d_prev (rows the device fills with real tokens)
+  B  compiled verify bucket, the smallest bucket >= u (B - u rows are padding)
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class DrafterKind(str, enum.Enum):
+    """How the drafter produces a proposal; this decides the draft cost and the allowed depths."""
+
+    # Eagle3-like: one draft forward over the verified rows, then one forward per extra depth.
+    AUTOREGRESSIVE = "autoregressive"
+    # DFlash/DSpark-like block drafter: one forward proposes the whole block, so d is always K.
+    PARALLEL = "parallel"
+
+
+def geometric_buckets(max_rows: int, *, steps_per_octave: int = 4) -> tuple[int, ...]:
+    """Row buckets 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, ... up to and including >= max_rows.
+
+    Between 2^k and 2^(k+1) there are `steps_per_octave` evenly spaced sizes (multiples of
+    2^k / steps_per_octave), so padding to a bucket wastes at most 1/steps_per_octave of a row
+    count — the usual trade between compiled executables and padding (peers.md §3, buckets).
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    if steps_per_octave < 1:
+        raise ValueError(f"steps_per_octave must be >= 1, got {steps_per_octave}")
+    sizes = {1}
+    base = 1
+    while max(sizes) < max_rows:
+        step = max(1, base // steps_per_octave)
+        sizes.update(range(base, 2 * base + 1, step))
+        base *= 2
+    return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerSpec:
+    """What the engine can run: compiled verify buckets, allowed draft depths, drafter kind.
+
+    verify_buckets: compiled verify row counts, strictly increasing. The largest bucket bounds the
+      number of requests per step: plan() raises ValueError when N exceeds it.
+    draft_depths: depths the drafter may run, each in 1..max_depth. Eagle3 keeps its draft KV
+      current only by drafting at least one token, so depth 0 is not offered. A parallel drafter
+      always drafts its whole block: draft_depths must be (max_depth,).
+    block_size: rows per request of one parallel-drafter forward (DFlash block); None for an
+      autoregressive drafter. Defaults to max_depth for a parallel drafter.
+    """
+
+    verify_buckets: tuple[int, ...]
+    draft_depths: tuple[int, ...]
+    max_depth: int
+    drafter_kind: DrafterKind = DrafterKind.AUTOREGRESSIVE
+    block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        buckets = tuple(int(b) for b in self.verify_buckets)
+        if not buckets:
+            raise ValueError("verify_buckets is empty; give at least one compiled row count")
+        if any(b < 1 for b in buckets) or any(a >= b for a, b in zip(buckets, buckets[1:])):
+            raise ValueError(
+                f"verify_buckets must be positive and strictly increasing, got {buckets}")
+        if not isinstance(self.max_depth, (int, np.integer)) or self.max_depth < 1:
+            raise ValueError(f"max_depth must be an int >= 1, got {self.max_depth!r}")
+        kind = DrafterKind(self.drafter_kind)
+        depths = tuple(sorted({int(d) for d in self.draft_depths}))
+        if not depths or depths[0] < 1 or depths[-1] > self.max_depth:
+            raise ValueError(
+                f"draft_depths must be a non-empty subset of 1..{self.max_depth}, got "
+                f"{tuple(self.draft_depths)}")
+        block = self.block_size
+        if kind is DrafterKind.PARALLEL:
+            if depths != (self.max_depth,):
+                raise ValueError(
+                    f"a parallel drafter always drafts its whole block: draft_depths must be "
+                    f"({self.max_depth},), got {depths}")
+            block = self.max_depth if block is None else int(block)
+            if block < 1:
+                raise ValueError(f"block_size must be >= 1, got {block}")
+        elif block is not None:
+            raise ValueError("block_size applies to parallel drafters only; leave it None")
+        object.__setattr__(self, "verify_buckets", buckets)
+        object.__setattr__(self, "draft_depths", depths)
+        object.__setattr__(self, "max_depth", int(self.max_depth))
+        object.__setattr__(self, "drafter_kind", kind)
+        object.__setattr__(self, "block_size", block)
+
+    @property
+    def max_requests(self) -> int:
+        """Most requests one step can hold: every request needs its own target row."""
+        return self.verify_buckets[-1]
+
+    def bucket_for(self, rows: int) -> int:
+        """Smallest compiled bucket >= rows (a padded shape costs its bucket)."""
+        i = bisect.bisect_left(self.verify_buckets, rows)
+        if i == len(self.verify_buckets):
+            raise ValueError(
+                f"{rows} verify rows exceed the largest compiled bucket "
+                f"{self.verify_buckets[-1]}; compile a larger bucket or admit fewer requests")
+        return self.verify_buckets[i]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPlan:
+    """The planner's decision for one decode step.
+
+    The device fills `fill_rows` real rows (top-u by prefix survival of draft confidences; every
+    request keeps its target row) and runs the compiled `verify_rows` bucket; the other
+    verify_rows - fill_rows rows are padding that costs but accepts nothing. Statistics are keyed
+    by (num_requests, fill_rows, verified_depth), the executed configuration.
+    """
+
+    num_requests: int  # N
+    num_with_proposal: int  # M
+    verified_depth: int  # d_prev: depth of the proposal this step verifies
+    fill_rows: int  # u: N <= u <= N + M*d_prev (0 for an empty step)
+    verify_rows: int  # B: smallest compiled bucket >= u (0 for an empty step)
+    draft_depth: int  # d: depth to draft after this verify
+    update_stats: bool  # False for mixed steps (M < N) and steps with nothing to learn from
+    reason: str  # "empty" | "cold" | "plan" | "probe" | "static" | "capacity"
+    predicted_ms: float = math.nan  # planner's estimate of target + draft ms (NaN if unknown)
+    predicted_tokens: float = math.nan  # planner's estimate of committed tokens (NaN if unknown)
+
+    @property
+    def probe(self) -> bool:
+        """True for an exploration step (full-width verify that refreshes deep statistics)."""
+        return self.reason == "probe"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class StepObservation:
+    """What happened in a step, reported after it ran (possibly after the next plan()).
+
+    accept_lens: [N] int, tokens each request committed, bonus included (1..d_prev+1), in the
+      order the engine uses for its requests. Report what verification accepted, before any
+      stop-token or max-length truncation, so statistics are not biased by finishing requests.
+    target_ms: measured target verify time at plan.verify_rows; None if not measured.
+    draft_ms: measured time of the whole draft run after the verify (all depths); None if not
+      measured. The planner splits it over the draft table's entries in proportion to their
+      current estimates.
+    context_len: KV tokens the step attended, summed over the batch's requests. Costs are keyed
+      by it because attention reads every request's KV once per step.
+    verify_lens: [N] int, rows verified per request including its target row; optional, used
+      by the interpolation estimator and for consistency checks.
+    """
+
+    plan: StepPlan
+    accept_lens: np.ndarray
+    target_ms: float | None = None
+    draft_ms: float | None = None
+    context_len: int | None = None
+    verify_lens: np.ndarray | None = None

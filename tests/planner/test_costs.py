@@ -1,0 +1,129 @@
+"""CostTable: ceiling lookup, extrapolation, online EMA refresh, context axis, persistence."""
+
+import json
+import math
+
+import pytest
+
+from lightspec_jax.planner import CostTable
+from lightspec_jax.planner.costs import snap_context
+
+
+def test_lookup_rounds_up_to_next_key_and_extrapolates_above():
+    # lightspec-algorithm.md §13.7: T={4:1, 8:3} -> estimate(7) = 3.0 (ceiling, no interpolation)
+    table = CostTable({4: 1.0, 8: 3.0})
+    assert table.estimate(4) == 1.0
+    assert table.estimate(1) == 1.0
+    assert table.estimate(5) == 3.0
+    assert table.estimate(7) == 3.0
+    assert table.estimate(8) == 3.0
+    assert table.estimate(16) == pytest.approx(6.0)  # cost_max * b / b_max
+    assert table.estimate(12) == pytest.approx(4.5)
+
+
+def test_estimate_many_matches_estimate():
+    table = CostTable({2: 1.0, 4: 1.5, 8: 2.5})
+    rows = [1, 3, 8, 9, 20]
+    assert table.estimate_many(rows).tolist() == [table.estimate(r) for r in rows]
+
+
+def test_empty_table_is_reported_and_refuses_estimates():
+    table = CostTable()
+    assert table.is_empty
+    with pytest.raises(ValueError, match="empty"):
+        table.estimate(4)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
+def test_non_positive_or_non_finite_costs_are_rejected(bad):
+    with pytest.raises(ValueError, match="finite"):
+        CostTable({4: bad})
+    table = CostTable({4: 1.0})
+    with pytest.raises(ValueError, match="finite"):
+        table.update(4, bad)
+
+
+def test_update_is_an_ema_on_the_bucket_that_holds_the_rows():
+    table = CostTable({4: 1.0, 8: 2.0}, decay=0.9)
+    table.update(8, 4.0)
+    assert table.estimate(8) == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)
+    # 6 rows run padded to the 8-row bucket, so the sample refreshes key 8.
+    table.update(6, 4.0)
+    assert table.estimate(8) == pytest.approx(0.9 * 2.2 + 0.1 * 4.0)
+    assert table.estimate(4) == 1.0
+    assert table.count(8) == 3
+
+
+def test_update_above_the_largest_key_adds_a_key_and_first_sample_replaces():
+    table = CostTable({4: 1.0})
+    table.update(16, 5.0)
+    assert table.rows == (4, 16)
+    assert table.estimate(16) == 5.0
+    assert table.estimate(10) == 5.0
+    empty = CostTable()
+    empty.update(3, 2.0)
+    assert empty.estimate(3) == 2.0 and empty.estimate(6) == pytest.approx(4.0)
+
+
+def test_context_free_table_ignores_context():
+    table = CostTable({4: 1.0})
+    table.update(4, 3.0, context_len=100_000)
+    assert table.estimate(4, context_len=0) == table.estimate(4, context_len=10**6)
+    assert not table.has_context_axis
+
+
+def test_context_axis_learns_cost_growth_and_imputes_unmeasured_buckets():
+    # Profiled at context 0 (LightLLM's 2-token dummies); then the 8-row bucket is measured at a
+    # long context. Attention adds a row-independent cost, so the 4-row bucket at that context
+    # is imputed with the same shift instead of keeping its start-up value.
+    table = CostTable({4: 1.0, 8: 2.0}, context_len=0)
+    assert table.has_context_axis
+    ctx = 4096
+    table.update(8, 5.0, context_len=ctx)
+    assert table.estimate(8, ctx) == pytest.approx(5.0)
+    assert table.estimate(4, ctx) == pytest.approx(1.0 + 3.0)
+    assert table.estimate(8) == 2.0  # no context: the reference (profiled) column
+    assert table.estimate(8, 0) == 2.0
+    # Between columns the estimate is linear in context; beyond the last it is flat.
+    assert table.estimate(8, ctx / 2) == pytest.approx(3.5)
+    assert table.estimate(8, 10 * ctx) == pytest.approx(5.0)
+
+
+def test_context_columns_snap_to_a_quarter_doubling_grid():
+    assert snap_context(0) == 0
+    for c in [1, 3, 100, 777, 4096, 123_457, 10**7]:
+        snapped = snap_context(c)
+        assert abs(math.log2(snapped) - math.log2(c)) <= 1 / 8 + 1e-9 or c < 4
+    with pytest.raises(ValueError):
+        snap_context(-1)
+
+
+def test_save_load_round_trip(tmp_path):
+    table = CostTable({2: 1.0, 8: 3.0}, context_len=0, decay=0.8)
+    table.update(8, 6.0, context_len=2048)
+    table.update(2, 1.5, context_len=2048)
+    path = tmp_path / "costs.json"
+    table.save(path)
+    loaded = CostTable.load(path)
+    assert loaded.to_json() == table.to_json()
+    for rows in (1, 2, 5, 8, 40):
+        for ctx in (None, 0, 1000, 2048, 9999):
+            assert loaded.estimate(rows, ctx) == table.estimate(rows, ctx)
+    flat = CostTable({4: 1.25})
+    flat.save(path)
+    assert CostTable.load(path).estimate(3) == 1.25
+
+
+def test_plain_mapping_file_loads_and_garbage_is_rejected(tmp_path):
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps({"1": 7.5, "16": 8.0}))
+    assert CostTable.load(path).estimate(10) == 8.0
+    path.write_text(json.dumps({"rows": "fast"}))
+    with pytest.raises(ValueError, match="not a cost table"):
+        CostTable.load(path)
+
+
+def test_from_grid_builds_several_context_columns():
+    table = CostTable.from_grid({0: {4: 1.0, 8: 2.0}, 1024: {4: 2.0, 8: 3.0}})
+    assert table.contexts == (0, 1024)
+    assert table.estimate(8, 512) == pytest.approx(2.5)

@@ -1,0 +1,241 @@
+"""LightSpecPlanner against the scenarios of lightspec-algorithm.md §13 and the call protocol."""
+
+import numpy as np
+import pytest
+
+from lightspec_jax.planner import (CostTable, DrafterKind, LightSpecPlanner, PlannerSpec,
+                                   StepObservation, draft_cost_ms, make_planner)
+
+STRIDE_1 = tuple(range(1, 17))
+
+
+def spec(k=3, buckets=STRIDE_1, kind="autoregressive"):
+    depths = (k,) if kind == "parallel" else tuple(range(1, k + 1))
+    return PlannerSpec(verify_buckets=buckets, draft_depths=depths, max_depth=k,
+                       drafter_kind=kind)
+
+
+def planner(s, target=None, draft=None, **options):
+    return make_planner("dynamic", s, target_costs=None if target is None else CostTable(target),
+                        draft_costs=None if draft is None else CostTable(draft), **options)
+
+
+def observe(p, plan, accept, **kw):
+    p.observe(StepObservation(plan=plan, accept_lens=np.array(accept), **kw))
+
+
+def warm(p, n=2):
+    """One step so that a depth-K proposal exists (the first step has none)."""
+    first = p.plan(num_requests=n)
+    assert first.verified_depth == 0 and first.fill_rows == n
+    return first
+
+
+def test_cold_start_verifies_full_width_at_full_depth():
+    # §13.1: no costs and no statistics -> B=8, d=3; costs T=D=bs but no progress -> same
+    for target in (None, {b: float(b) for b in STRIDE_1}):
+        p = planner(spec(), target, target)
+        warm(p)
+        plan = p.plan(num_requests=2)
+        assert (plan.verify_rows, plan.fill_rows, plan.draft_depth) == (8, 8, 3)
+        assert plan.reason == "cold"
+
+
+@pytest.mark.parametrize("with_proposal, rows, learn", [(0, 2, False), (1, 5, False),
+                                                        (2, 8, True)])
+def test_cold_start_with_new_requests(with_proposal, rows, learn):
+    # §13.4: 0, 1 or 2 of 2 requests with proposals -> B = 2, 5, 8; the first two are mixed
+    p = planner(spec())
+    warm(p)
+    plan = p.plan(num_requests=2, num_with_proposal=with_proposal)
+    assert plan.fill_rows == plan.verify_rows == rows
+    assert plan.update_stats is learn
+
+
+EAGLE_T = {2: 1.0, 4: 1.1, 8: 10.0}
+EAGLE_D = {2: 0.1, 4: 0.1, 8: 0.2}
+
+
+@pytest.mark.parametrize("times", [1, 8])
+def test_expensive_full_width_trims_rows_and_depth(times):
+    # §13.2: accept [4, 4] at (2,8,3) -> B=4, d=1, as J(2,4,1)=0.30 < J(2,4,2)=0.325 < 0.35
+    p = planner(spec(buckets=(2, 4, 8)), EAGLE_T, EAGLE_D)
+    warm(p)
+    full = p.plan(num_requests=2)
+    assert full.fill_rows == 8
+    for _ in range(times):  # observations carry their plan, so one plan can be replayed
+        observe(p, full, [4, 4])
+    j = [p.ms_per_token(num_requests=2, fill_rows=4, depth=d) for d in (1, 2, 3)]
+    assert j == pytest.approx([0.30, 0.325, 0.35])
+    plan = p.plan(num_requests=2)
+    assert (plan.verify_rows, plan.draft_depth) == (4, 1)
+
+
+def test_parallel_drafter_keeps_its_block_depth():
+    # §13.2 variant: a drafter that only offers depth K keeps d=K with the same inputs
+    p = planner(spec(buckets=(2, 4, 8), kind="parallel"), EAGLE_T, EAGLE_D)
+    warm(p)
+    observe(p, p.plan(num_requests=2), [4, 4])
+    plan = p.plan(num_requests=2)
+    assert plan.draft_depth == 3 and plan.verify_rows == 4
+
+
+def test_block_drafter_trims_the_verify_budget():
+    # §13.3: DFlash K=block=7, T={2:1, 4:1.1, 8:3, 16:8}, D={14:0.5}, accept [3,3] at (2,16,7)
+    s = spec(k=7, buckets=(2, 4, 8, 16), kind="parallel")
+    p = planner(s, {2: 1.0, 4: 1.1, 8: 3.0, 16: 8.0}, {14: 0.5})
+    warm(p)
+    full = p.plan(num_requests=2)
+    assert full.fill_rows == 16
+    for _ in range(8):
+        observe(p, full, [3, 3])
+    plan = p.plan(num_requests=2)
+    assert (plan.verify_rows, plan.draft_depth) == (4, 7)
+
+
+def test_draft_cost_per_drafter_kind():
+    # §13.6
+    eagle = spec(k=3, buckets=(2, 4, 8))
+    assert draft_cost_ms(eagle, CostTable({2: 0.25}), num_requests=2, verify_rows=8,
+                         depth=3) == pytest.approx(1.5)
+    eagle7 = spec(k=7, buckets=(8, 16))
+    linear = CostTable({b: float(b) for b in range(1, 17)})
+    assert draft_cost_ms(eagle7, linear, num_requests=8, verify_rows=16,
+                         depth=7) == pytest.approx(64.0)
+    dflash = PlannerSpec(verify_buckets=(16,), draft_depths=(7,), max_depth=7,
+                         drafter_kind=DrafterKind.PARALLEL, block_size=7)
+    assert draft_cost_ms(dflash, CostTable({8: 0.4}), num_requests=2, verify_rows=16,
+                         depth=7) == pytest.approx(1.5)
+    dspark = spec(k=3, buckets=(8,), kind="parallel")
+    assert draft_cost_ms(dspark, CostTable({8: 0.8}), num_requests=4, verify_rows=8,
+                         depth=3) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="depth"):
+        draft_cost_ms(eagle, CostTable({2: 0.25}), num_requests=2, verify_rows=8, depth=0)
+
+
+def test_objective_without_statistics():
+    # §13.7: T={4:1, 8:3}, D={4:0.25, 8:1} -> J(4,8,1) = 0.5 with no statistics
+    p = planner(spec(k=1, buckets=(4, 8)), {4: 1.0, 8: 3.0}, {4: 0.25, 8: 1.0})
+    assert p.ms_per_token(num_requests=4, fill_rows=8, depth=1) == pytest.approx(0.5)
+
+
+def test_shallow_proposal_recovers_to_a_deeper_draft():
+    # §13.10: cheap rows, accept [4,4] at (2,8,3), d_prev forced to 1 -> B <= 4 but d=3
+    p = planner(spec(buckets=(2, 4, 6, 8)), {2: 1.0, 4: 1.1, 6: 1.2, 8: 1.3},
+                {b: 0.01 for b in (2, 4, 6, 8)})
+    warm(p)
+    observe(p, p.plan(num_requests=2), [4, 4])
+    plan = p.plan(num_requests=2, proposal_depth=1)
+    assert plan.verified_depth == 1 and plan.verify_rows <= 4
+    assert plan.draft_depth == 3
+
+
+def test_mixed_batch_updates_nothing_and_empty_batch_plans_nothing():
+    # §13.11
+    p = planner(spec())
+    warm(p)
+    mixed = p.plan(num_requests=2, num_with_proposal=1)
+    observe(p, mixed, [4, 1])
+    assert not p.stats.has_progress and not p.stats.has_survival
+    empty = p.plan(num_requests=0)
+    assert (empty.verify_rows, empty.fill_rows, empty.draft_depth) == (0, 0, 1)
+    observe(p, empty, np.zeros(0, dtype=int))
+
+
+def test_overlapped_calls_learn_from_the_executed_plan():
+    # The engine plans step i+1 before it observes step i. The depth plan i+1 verifies is the
+    # depth plan i drafted; statistics land on the key each observation's own plan ran with.
+    p = planner(spec(buckets=(2, 4, 8)), EAGLE_T, EAGLE_D)
+    plans = [p.plan(num_requests=2)]
+    plans.append(p.plan(num_requests=2))  # plan 1 before observe 0
+    observe(p, plans[0], [1, 1])  # step 0 verified nothing (no proposal): nothing to learn
+    assert not p.stats.has_progress
+    plans.append(p.plan(num_requests=2))  # still cold: step 1 not observed yet
+    assert plans[2].reason == "cold" and plans[2].verified_depth == plans[1].draft_depth
+    observe(p, plans[1], [4, 4])
+    assert p.stats.entry(2, plans[1].fill_rows, plans[1].verified_depth) == (1.0, 1)
+    plans.append(p.plan(num_requests=2))
+    assert plans[3].reason == "plan" and plans[3].verified_depth == plans[2].draft_depth
+    assert (plans[3].verify_rows, plans[3].draft_depth) == (4, 1)
+    observe(p, plans[2], [4, 4])  # a late observation still updates its own key
+    assert p.stats.entry(2, 8, 3)[1] == 2
+
+
+def test_measured_times_refresh_the_cost_tables():
+    p = planner(spec(buckets=(2, 4, 8)), EAGLE_T, EAGLE_D)
+    warm(p)
+    plan = p.plan(num_requests=2)
+    observe(p, plan, [4, 4], target_ms=20.0, draft_ms=0.2 + 2 * 0.1 * 3, context_len=0)
+    assert p.target_costs.estimate(8) == pytest.approx(0.9 * 10.0 + 0.1 * 20.0)
+    # the draft run (D(8) + 2 D(2) predicted 0.4, measured 0.8) is split in proportion
+    assert p.draft_costs.estimate(8) == pytest.approx(0.9 * 0.2 + 0.1 * 0.4)
+    assert p.draft_costs.estimate(2) == pytest.approx(0.9 * 0.1 + 0.1 * 0.2)
+
+
+def test_cheap_rows_verify_everything_and_expensive_rows_trim():
+    # The planner picks the cheaper configuration when costs say so.
+    accept = [2, 3, 1, 4]
+    flat = planner(spec(), {b: 5.0 for b in STRIDE_1}, {b: 0.001 for b in STRIDE_1})
+    steep = planner(spec(), {b: 1.0 + b for b in STRIDE_1}, {b: 0.001 for b in STRIDE_1})
+    for p in (flat, steep):
+        warm(p, n=4)
+        observe(p, p.plan(num_requests=4), accept)
+    assert flat.plan(num_requests=4).fill_rows == 16
+    assert steep.plan(num_requests=4).fill_rows < 16
+
+
+def test_probe_drafts_deeper_then_verifies_full_width():
+    # Cheap draft forwards and rows: the planner settles on d=1 (survival beyond 1 is 0).
+    s = spec(k=7, buckets=tuple(range(1, 33)))
+    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
+                explore_fraction=0.5, min_probe_interval=4)
+    warm(p, n=4)
+    reasons = []
+    for _ in range(30):
+        plan = p.plan(num_requests=4)
+        reasons.append((plan.reason, plan.verified_depth, plan.fill_rows, plan.draft_depth))
+        observe(p, plan, [2] * 4)
+    probes = [r for r in reasons if r[0] == "probe"]
+    assert probes, reasons
+    for reason, depth, fill, _ in probes:
+        assert depth == 3 and fill == 4 * (depth + 1)  # 2d+1 with d=1, at full width
+    never = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
+                    explore_fraction=0.0)
+    warm(never, n=4)
+    for _ in range(30):
+        plan = never.plan(num_requests=4)
+        assert plan.reason != "probe"
+        observe(never, plan, [min(2, plan.verified_depth + 1)] * 4)
+
+
+def test_bad_calls_get_actionable_errors():
+    p = planner(spec(buckets=(2, 4, 8)))
+    with pytest.raises(ValueError, match="largest verify bucket 8"):
+        p.plan(num_requests=9)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        p.plan(num_requests=2, num_with_proposal=3)
+    with pytest.raises(ValueError, match="num_requests"):
+        p.plan(num_requests=-1)
+    warm(p)
+    plan = p.plan(num_requests=2)
+    with pytest.raises(ValueError, match="shape"):
+        observe(p, plan, [1, 1, 1])
+    with pytest.raises(ValueError, match=r"\[1, 4\]"):
+        observe(p, plan, [5, 1])
+    with pytest.raises(ValueError, match="unknown option"):
+        make_planner("dynamic", spec(), depth=3)
+    with pytest.raises(ValueError, match="unknown planner"):
+        make_planner("greedy", spec())
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        PlannerSpec(verify_buckets=(4, 2), draft_depths=(1,), max_depth=1)
+    with pytest.raises(ValueError, match="subset"):
+        PlannerSpec(verify_buckets=(4,), draft_depths=(0, 1), max_depth=1)
+    with pytest.raises(ValueError, match="whole block"):
+        PlannerSpec(verify_buckets=(4,), draft_depths=(1, 2), max_depth=2,
+                    drafter_kind="parallel")
+    s = PlannerSpec(verify_buckets=[8, 16], draft_depths=[3, 1, 2], max_depth=3)
+    assert s.draft_depths == (1, 2, 3) and s.verify_buckets == (8, 16)
+    assert isinstance(make_planner("lightspec", s), LightSpecPlanner)

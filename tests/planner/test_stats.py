@@ -1,0 +1,124 @@
+"""Acceptance statistics: one sample per step, survival fill, weights, staleness."""
+
+import numpy as np
+import pytest
+
+from lightspec_jax.planner import AcceptanceStats
+
+
+def record(stats, n, u, d, accept, step=0, verify_lens=None):
+    stats.record(num_requests=n, fill_rows=u, depth=d, accept_lens=np.array(accept),
+                 verify_lens=verify_lens, step=step)
+
+
+def test_progress_sample_is_committed_tokens_per_verified_row():
+    # §13.8: [2, 2] at (2,4,1) -> 1.0; [1, 1] at (2,4,3) -> 0.5; each with count 1
+    stats = AcceptanceStats(max_depth=3)
+    record(stats, 2, 4, 1, [2, 2])
+    record(stats, 2, 4, 3, [1, 1])
+    assert stats.entry(2, 4, 1) == (1.0, 1)
+    assert stats.entry(2, 4, 3) == (0.5, 1)
+
+
+def test_one_update_per_step_whatever_the_batch_size():
+    # §13.8: 128 requests at (128,128,1) -> count 1
+    stats = AcceptanceStats(max_depth=1)
+    record(stats, 128, 128, 1, [1] * 128)
+    assert stats.entry(128, 128, 1)[1] == 1
+
+
+def test_no_statistics_means_progress_one():
+    stats = AcceptanceStats(max_depth=3)
+    assert not stats.has_progress and not stats.has_survival
+    assert stats.progress(2, 8, 3, now=0) == 1.0
+
+
+def test_survival_fill_values():
+    # §13.9: after [2, 1] at (2,8,3): (2,4,3) -> 0.75, (2,2,3) -> 1.0, (2,4,2) -> 0.75
+    stats = AcceptanceStats(max_depth=3)
+    record(stats, 2, 8, 3, [2, 1])
+    assert stats.survival[1:].tolist() == [0.5, 0.0, 0.0]
+    assert stats.progress(2, 4, 3, now=0) == pytest.approx(0.75)
+    assert stats.progress(2, 2, 3, now=0) == pytest.approx(1.0)
+    assert stats.progress(2, 4, 2, now=0) == pytest.approx(0.75)
+    # after [4, 2] instead: (2,6,2) -> 5/6
+    fresh = AcceptanceStats(max_depth=3)
+    record(fresh, 2, 8, 3, [4, 2])
+    assert fresh.progress(2, 6, 2, now=0) == pytest.approx(5 / 6)
+
+
+def test_unmeasured_depth_counts_as_full_survival():
+    stats = AcceptanceStats(max_depth=4)
+    record(stats, 2, 4, 1, [2, 1])  # full width at depth 1: survival[1] = 0.5 only
+    assert np.isnan(stats.survival[2])
+    # (2, 6, 2): 2 target rows + 2 rows at depth 1 (0.5 each) + 2 at depth 2 (unmeasured: 1.0)
+    assert stats.progress(2, 6, 2, now=0) == pytest.approx((2 + 1 + 2) / 6)
+
+
+def test_survival_is_updated_only_by_full_width_steps():
+    stats = AcceptanceStats(max_depth=3)
+    record(stats, 2, 5, 3, [4, 1])  # trimmed: 5 < 2 * 4 rows
+    assert not stats.has_survival
+    assert stats.entry(2, 5, 3) == (1.0, 1)
+
+
+def test_young_average_is_a_mean_then_an_ema():
+    stats = AcceptanceStats(max_depth=1, progress_decay=0.9)
+    record(stats, 16, 32, 1, [1] * 16)  # 0.5
+    record(stats, 16, 32, 1, [2] * 16)  # 1.0
+    assert stats.entry(16, 32, 1)[0] == pytest.approx(0.75)  # mean of the first samples
+    for _ in range(20):
+        record(stats, 16, 32, 1, [1] * 16)
+    before = stats.entry(16, 32, 1)[0]
+    record(stats, 16, 32, 1, [2] * 16)
+    assert stats.entry(16, 32, 1)[0] == pytest.approx(0.9 * before + 0.1 * 1.0)
+
+
+def test_small_batches_move_estimates_less():
+    def settled(n, sample_floor):
+        stats = AcceptanceStats(max_depth=1, sample_floor=sample_floor)
+        for _ in range(200):
+            record(stats, n, 2 * n, 1, [1] * n)
+        record(stats, n, 2 * n, 1, [2] * n)
+        return stats.survival[1]
+
+    assert settled(1, sample_floor=16) == pytest.approx(0.1 / 16)
+    assert settled(16, sample_floor=16) == pytest.approx(0.1)
+    assert settled(1, sample_floor=1) == pytest.approx(0.1)  # LightLLM's rule
+
+
+def test_stale_entries_fade_toward_the_survival_fill():
+    stats = AcceptanceStats(max_depth=2, half_life=100)
+    record(stats, 2, 4, 1, [1, 1], step=0)  # survival[1] = 0 -> fill for (2,3,1) = 2/3
+    record(stats, 2, 3, 1, [2, 1], step=0)  # EMA for (2,3,1) = 1.0
+    assert stats.progress(2, 3, 1, now=0) == pytest.approx(1.0)
+    assert stats.progress(2, 3, 1, now=100) == pytest.approx(0.5 * 1.0 + 0.5 * 2 / 3)
+    assert stats.progress(2, 3, 1, now=10**6) == pytest.approx(2 / 3)
+
+
+def test_full_width_keys_can_use_the_survival_fill():
+    exact = AcceptanceStats(max_depth=2, full_width_from_survival=True)
+    legacy = AcceptanceStats(max_depth=2)
+    for stats in (exact, legacy):
+        record(stats, 1, 3, 2, [3])  # (1,3,2): progress 1.0, survival 1, 1
+        record(stats, 1, 2, 1, [1])  # survival[1] -> mean(1, 0) = 0.5
+    assert legacy.progress(1, 3, 2, now=0) == pytest.approx(1.0)  # its own (old) EMA
+    assert exact.progress(1, 3, 2, now=0) == pytest.approx((1 + 0.5 + 1.0) / 3)
+
+
+def test_interpolation_estimator_is_linear_in_fractional_draft_rows():
+    stats = AcceptanceStats(max_depth=2, estimator="interpolate")
+    record(stats, 2, 6, 2, [3, 2])  # ratios: r1 = 1, r2 = mean(min(2,2), min(1,2)) / 2 = 0.75
+    assert stats.ratio[1:].tolist() == [1.0, 0.75]
+    # A(1) = 1, A(2) = 1.5; u = 5 -> s = 1.5 draft rows per request -> A = 1.25
+    assert stats.progress(2, 5, 2, now=0) == pytest.approx((2 + 2 * 1.25) / 5)
+    # the exact key is blended with the interpolation by sample count (1 of 10)
+    blended = 0.1 * (5 / 6) + 0.9 * ((2 + 2 * 1.5) / 6)
+    assert stats.progress(2, 6, 2, now=0) == pytest.approx(blended)
+
+
+def test_invalid_configuration_is_rejected():
+    with pytest.raises(ValueError, match="estimator"):
+        AcceptanceStats(max_depth=2, estimator="magic")
+    with pytest.raises(ValueError, match="decay"):
+        AcceptanceStats(max_depth=2, progress_decay=1.0)
