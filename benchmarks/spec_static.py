@@ -1,6 +1,6 @@
 """Static speculative decoding (MTP=K) vs no speculation on one tiny model pair, this CPU.
 
-Target: a random-weight Qwen3 (hidden 256, 4 layers, 4/2 heads, head_dim 64, intermediate 768,
+Target: a random-weight Qwen3 (hidden 256, 8 layers, 4/2 heads, head_dim 64, intermediate 768,
 vocab 8192, tied) in float32. Drafters, each over the same requests:
   eagle3  a random-weight Eagle3 drafter for it - the real architecture, but untrained, so it
           accepts almost nothing (this measures the cost of speculation, not its benefit);
@@ -21,7 +21,10 @@ import time
 
 import numpy as np
 
-from plain_vs_hf import SHAPE
+from plain_vs_hf import SHAPE as _PLAIN_SHAPE
+
+# Eagle3 reads layers 2, L//2 and L-3, which must be distinct: 8 layers instead of 4.
+SHAPE = {**_PLAIN_SHAPE, "num_layers": 8}
 
 
 def build_pair(drafter_kind: str, corrupt: float):

@@ -56,6 +56,13 @@ class EngineConfig:
     # Compiled verify-row buckets of the speculative step; None = powers of two and their
     # midpoints up to max_num_seqs * (K + 1).
     verify_buckets: tuple[int, ...] | None = None
+    # The planner's cost tables: loaded from this JSON file when it exists, else measured at
+    # start-up by the bucket sweep (and saved here when a path is given).
+    cost_table_path: str | None = None
+    refresh_costs: bool = True  # fold measured step times into the cost tables while serving
+    # Speculative serving dispatches step i+1 before reading step i (planning, input building
+    # and streaming overlap device work); False reads every step before the next dispatch.
+    overlap: bool = True
     # Persistent XLA compilation cache (None disables it); a second start is then fast.
     compilation_cache_dir: str | None = dataclasses.field(default_factory=_default_cache_dir)
     # Raise if anything compiles while serving: every device step must come from the registry.

@@ -20,7 +20,7 @@ from .config import EngineConfig, Policy, SamplingParams
 from .request import FinishReason, Request, RequestError, RequestOutput
 from .drafters import Drafter
 from .runner import PlainRunner
-from .scheduler import ScheduledStep, Scheduler
+from .scheduler import Scheduler
 from .spec_backend import SpecBackend
 from .spec_runner import MAX_STOP_IDS
 from .tokenizer import Tokenizer, load_eos_ids
@@ -67,6 +67,7 @@ class Engine:
         self.scheduler = Scheduler(num_slots=config.max_num_seqs,
                                    max_rows=config.max_num_batched_tokens)
         self._requests: dict[str, Request] = {}  # live or not yet reported as finished
+        self._in_flight = None  # a dispatched step not read yet (speculative backends)
         self._rng = np.random.default_rng(config.seed)
         self._auto_id = 0
 
@@ -115,16 +116,29 @@ class Engine:
         return getattr(self.backend, "stats", None)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests) or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
-        """Runs one engine step; returns each request that produced tokens or finished."""
+        """Runs one engine step; returns each request that produced tokens or finished.
+
+        With a speculative backend the step dispatches new device work before reading the
+        previous step's results (one step in flight), so a request that finished is noticed
+        a step late; its surplus tokens are dropped, never emitted.
+        """
         with CompileWatch("Engine.step", enabled=self.config.forbid_recompile):
             touched: list[Request] = [r for r in self._requests.values() if r.finished]
+            flight = None
             if self.scheduler.running or self.scheduler.waiting:
                 batch = self.scheduler.schedule()
-                touched += self._commit(batch, self.backend.execute(batch))
-            return [self._report(r) for r in touched]
+                for chunk in batch.prefills:  # counted at dispatch: never scheduled twice
+                    chunk.request.num_prefilled += chunk.length
+                if batch.num_rows:
+                    flight = self.backend.dispatch(batch)
+            if self.backend.overlap:
+                flight, self._in_flight = self._in_flight, flight
+            if flight is not None:
+                touched += self._commit(self.backend.collect(flight))
+            return [self._report(r) for r in dict.fromkeys(touched)]
 
     def generate(self, prompts: Sequence[str | Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
@@ -202,15 +216,12 @@ class Engine:
             raise RequestError(f"request {request_id!r}: empty prompt")
         return tokens
 
-    def _commit(self, batch: ScheduledStep,
-                new_tokens: list[tuple[Request, list[int]]]) -> list[Request]:
+    def _commit(self, new_tokens: list[tuple[Request, list[int]]]) -> list[Request]:
         """Applies one step's tokens to host state; returns the requests that changed.
 
         The host applies the stop rules token by token; it is the authority on what a request
         emits (the device already cut speculative spans at stop ids and allowances)."""
         changed = []
-        for chunk in batch.prefills:
-            chunk.request.num_prefilled += chunk.length
         for request, tokens in new_tokens:
             if request.finished:  # aborted while its step was in flight
                 continue

@@ -142,11 +142,19 @@ class PlainRunner:
     def empty_inputs(self, rows: int) -> StepInputs:
         return empty_step_inputs(rows, self.num_slots)
 
-    def execute(self, batch: ScheduledStep) -> list[tuple[Request, list[int]]]:
-        """Runs a scheduled step; returns the new token of each request that sampled one."""
+    overlap = False  # plain decoding reads each step's tokens before the next dispatch
+
+    def dispatch(self, batch: ScheduledStep):
+        """Launches a scheduled step; returns what `collect` needs (no device read)."""
         rows = self.registry.pick(batch.num_rows)
-        tokens = np.asarray(self.run(build_step_inputs(batch, rows, self.num_slots)))
+        tokens = self.run(build_step_inputs(batch, rows, self.num_slots))
         sampled = list(batch.decodes) + [c.request for c in batch.prefills if c.completes_prompt]
+        return sampled, tokens
+
+    def collect(self, flight) -> list[tuple[Request, list[int]]]:
+        """The new token of each request that sampled one."""
+        sampled, tokens = flight
+        tokens = np.asarray(tokens)
         return [(request, [int(tokens[request.slot])]) for request in sampled]
 
     def run(self, inputs: StepInputs) -> jax.Array:

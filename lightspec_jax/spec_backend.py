@@ -1,22 +1,30 @@
-"""Host side of speculative serving: builds each step's inputs, picks the budget, reads results.
+"""Host side of speculative serving: plan the budget, build inputs, dispatch, read a step late.
 
-An engine step with pending prompt chunks runs a prefill step (target + drafter caches); then
-every request with a finished prompt takes part in one speculative step. The step's shape
-(B verify rows, d next draft depth) comes from the policy; the device decides which rows.
+An engine step with pending prompt chunks first dispatches a prefill step; every request whose
+prompt is done then takes part in one speculative step whose shape (B verify rows, d next draft
+depth) the planner picks from statistics up to the previous step. Nothing waits for the device
+while dispatching: results of step i are read after step i+1 is in flight (the engine decides),
+so planning, input building, streaming and statistics overlap with device work.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import time
 
 import numpy as np
 
+from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, StepPlan, make_planner
+
 from .config import EngineConfig, Policy
 from .metrics import EngineStats, SpecCounters, StepRecord
+from .profiling import profile_costs
 from .request import Request
 from .runner import build_step_inputs
 from .scheduler import ScheduledStep
-from .spec_runner import MAX_STOP_IDS, PrefillExtras, SpecInputs, SpecRunner
+from .spec_runner import PrefillExtras, SpecResult, SpecRunner
 
 
 def default_verify_buckets(max_rows: int) -> tuple[int, ...]:
@@ -28,44 +36,90 @@ def default_verify_buckets(max_rows: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+@dataclasses.dataclass
+class InFlight:
+    """A dispatched step whose results have not been read yet."""
+
+    prefill_requests: list[Request]  # requests whose first token the prefill step samples
+    prefill_tokens: object | None  # device [N]
+    decodes: tuple[Request, ...]
+    plan: StepPlan | None
+    result: SpecResult | None
+    proposal_lens: dict  # request -> drafts its proposal offered at this step
+    dispatched_at: float
+    context_len: int
+
+
 class SpecBackend:
     def __init__(self, target, drafter, *, config: EngineConfig, cache_len: int,
                  prefill_buckets: tuple[int, ...]):
         spec = config.speculative
         self.config = config
-        self.max_depth = spec.num_speculative_tokens
+        self.overlap = config.overlap
+        self.policy = spec.policy
+        self.max_depth = k = spec.num_speculative_tokens
         self.num_slots = config.max_num_seqs
-        max_rows = self.num_slots * (self.max_depth + 1)
+        max_rows = self.num_slots * (k + 1)
         self.verify_buckets = config.verify_buckets or default_verify_buckets(max_rows)
         if self.verify_buckets[-1] < max_rows:
-            raise ValueError(f"verify_buckets must reach max_num_seqs * (K + 1) = {max_rows} "
-                             f"for the {spec.policy.value} policy, got {self.verify_buckets}")
-        if spec.policy is not Policy.STATIC:
-            raise NotImplementedError(f"policy {spec.policy.value!r} is not available yet")
+            raise ValueError(f"verify_buckets must reach max_num_seqs * (K + 1) = {max_rows}, "
+                             f"got {self.verify_buckets}")
+        depths = tuple(range(1, k + 1)) if self.policy is Policy.DYNAMIC else (k,)
         self.runner = SpecRunner(target, drafter, num_slots=self.num_slots, cache_len=cache_len,
-                                 max_depth=self.max_depth, prefill_buckets=prefill_buckets,
-                                 verify_buckets=self.verify_buckets, depths=(self.max_depth,),
+                                 max_depth=k, prefill_buckets=prefill_buckets,
+                                 verify_buckets=self.verify_buckets, depths=depths,
                                  show_progress=config.show_progress)
+        self.target_costs, self.draft_costs, self.profile = self._costs()
+        planner_spec = PlannerSpec(verify_buckets=self.verify_buckets, draft_depths=depths,
+                                   max_depth=k, drafter_kind=drafter.kind)
+        options = {"depth": k} if self.policy is Policy.STATIC else {}
+        self.planner = make_planner(self.policy.value, planner_spec,
+                                    target_costs=self.target_costs,
+                                    draft_costs=self.draft_costs, **options)
         self.stats = EngineStats()
+        self._last_collect = time.perf_counter()
+        self._last_conf: np.ndarray | None = None  # [N, K] confidences, a step late (dspark)
 
     @property
     def compile_seconds(self) -> float:
         return self.runner.compile_seconds
 
-    def execute(self, batch: ScheduledStep) -> list[tuple[Request, list[int]]]:
-        new_tokens = []
-        if batch.prefills:
-            new_tokens += self._prefill(batch)
-        if batch.decodes:
-            new_tokens += self._speculate(batch.decodes)
-        return new_tokens
+    def _costs(self):
+        path = self.config.cost_table_path
+        if self.policy is Policy.STATIC and not path:
+            return CostTable(), CostTable(), None  # full width needs no prices
+        if path and os.path.isfile(path):
+            with open(path) as f:
+                data = json.load(f)
+            return CostTable.from_json(data["target"]), CostTable.from_json(data["draft"]), None
+        profile = profile_costs(self.runner, show_progress=self.config.show_progress)
+        if path:
+            with open(path, "w") as f:
+                json.dump({"target": profile.target.to_json(), "draft": profile.draft.to_json(),
+                           "profile": profile.summary()}, f, indent=1)
+        return profile.target, profile.draft, profile
 
-    def _prefill(self, batch: ScheduledStep) -> list[tuple[Request, list[int]]]:
+    # --- dispatch (no device reads) ---------------------------------------------------------
+
+    def dispatch(self, batch: ScheduledStep) -> InFlight:
+        start = time.perf_counter()
+        prefill_requests, prefill_tokens = [], None
+        if batch.prefills:
+            prefill_requests, prefill_tokens = self._dispatch_prefill(batch)
+        plan = result = None
+        proposal_lens = {}
+        context = sum(r.total_len for r in batch.decodes)
+        if batch.decodes:
+            plan, result, proposal_lens = self._dispatch_spec(batch.decodes, context)
+        return InFlight(prefill_requests, prefill_tokens, batch.decodes, plan, result,
+                        proposal_lens, start, context)
+
+    def _dispatch_prefill(self, batch: ScheduledStep):
         prefill_only = ScheduledStep(decodes=(), prefills=batch.prefills)
         rows = self.runner.prefill_registry.pick(prefill_only.num_rows)
         inputs = build_step_inputs(prefill_only, rows, self.num_slots)
         extras = self.runner.empty_extras(rows)
-        row = 0
+        row, completing = 0, []
         for chunk in batch.prefills:
             request, end = chunk.request, chunk.start + chunk.length
             # x_{p+1} for each prompt row: the next prompt token, or this step's sample.
@@ -77,13 +131,11 @@ class SpecBackend:
                 extras.prompt_len[request.slot] = request.prompt_len
                 request.proposal_len = 0
                 request.spec = request.spec or SpecCounters()
+                completing.append(request)
             row += chunk.length
-        tokens = np.asarray(self.runner.run_prefill(inputs, extras))
-        return [(c.request, [int(tokens[c.request.slot])])
-                for c in batch.prefills if c.completes_prompt]
+        return completing, self.runner.run_prefill(inputs, extras)
 
-    def _speculate(self, decodes: tuple[Request, ...]) -> list[tuple[Request, list[int]]]:
-        start = time.perf_counter()
+    def _dispatch_spec(self, decodes, context):
         inputs = self.runner.empty_spec_inputs()
         for request in decodes:
             slot, p = request.slot, request.params
@@ -94,31 +146,75 @@ class SpecBackend:
             inputs.seed[slot] = request.seed
             stops = sorted(request.stop_ids)
             inputs.stop_ids[slot, :len(stops)] = stops
-            inputs.remaining[slot] = min(request.params.max_tokens - len(request.output_token_ids),
+            # Host counts lag one step under overlap, so this may overestimate; the device cut
+            # is an optimisation and the host cuts exactly when it reads the tokens.
+            inputs.remaining[slot] = min(p.max_tokens - len(request.output_token_ids),
                                          self.config.max_model_len - request.total_len)
-        wanted = sum(1 + r.proposal_len for r in decodes)  # static: verify every draft
-        rows = self.runner.verify_registry.pick(wanted)
-        depth = self.max_depth
-        result = self.runner.run_spec(inputs, rows=rows, depth=depth)
+        with_proposal = sum(r.proposal_len > 0 for r in decodes)
+        confidences = None
+        if self.policy is Policy.DSPARK and self._last_conf is not None:
+            confidences = self._last_conf[[r.slot for r in decodes]]
+        plan = self.planner.plan(num_requests=len(decodes), num_with_proposal=with_proposal,
+                                 confidences=confidences, context_len=context)
+        result = self.runner.run_spec(inputs, rows=plan.verify_rows, depth=plan.draft_depth)
+        proposal_lens = {r: r.proposal_len for r in decodes}
+        for request in decodes:
+            request.proposal_len = plan.draft_depth
+        return plan, result, proposal_lens
+
+    def _measured_target_ms(self, flight: InFlight, ready: float) -> float | None:
+        """The step's device time less the draft table's estimate, for the online refresh.
+
+        The device worked on this step from its dispatch or from the previous step's end,
+        whichever came later, until its results were ready."""
+        costs = self.planner.draft_costs
+        if not self.config.refresh_costs or costs.is_empty:
+            return None
+        plan = flight.plan
+        device_ms = 1e3 * (ready - max(flight.dispatched_at, self._last_collect))
+        draft_ms = costs.estimate(plan.verify_rows) + (
+            plan.draft_depth - 1) * costs.estimate(plan.num_requests)
+        return max(device_ms - draft_ms, 1e-3)
+
+    # --- collect (reads the device) ---------------------------------------------------------
+
+    def collect(self, flight: InFlight) -> list[tuple[Request, list[int]]]:
+        new_tokens = []
+        if flight.prefill_requests:
+            tokens = np.asarray(flight.prefill_tokens)
+            new_tokens += [(r, [int(tokens[r.slot])]) for r in flight.prefill_requests]
+        if flight.result is not None:
+            new_tokens += self._collect_spec(flight)
+        self._last_collect = time.perf_counter()
+        return new_tokens
+
+    def _collect_spec(self, flight: InFlight):
+        result, plan, decodes = flight.result, flight.plan, flight.decodes
         out_tokens, emitted, accepted, verified, stepped = (
             np.asarray(x) for x in (result.out_tokens, result.num_emitted, result.accepted,
                                     result.verified, result.stepped))
+        ready = time.perf_counter()
+        if self.policy is Policy.DSPARK:
+            self._last_conf = np.asarray(result.confidence)
+        slots = np.array([r.slot for r in decodes])
+        if not stepped[slots].all():
+            missing = [r.request_id for r in decodes if not stepped[r.slot]]
+            raise RuntimeError(f"requests {missing} got no verify row in a {plan.verify_rows}-"
+                               f"row bucket for {len(decodes)} requests")
         new_tokens = []
         for request in decodes:
-            slot = request.slot
-            if not stepped[slot]:
-                raise RuntimeError(f"request {request.request_id!r} in slot {slot} got no verify "
-                                   f"row in a bucket of {rows} rows for {len(decodes)} requests")
-            request.spec.add(drafted=request.proposal_len, verified=int(verified[slot]),
-                             accepted=int(accepted[slot]))
-            self.stats.totals.add(drafted=request.proposal_len, verified=int(verified[slot]),
-                                  accepted=int(accepted[slot]))
-            request.proposal_len = depth
+            slot, offered = request.slot, flight.proposal_lens[request]
+            counts = dict(drafted=offered, verified=int(verified[slot]),
+                          accepted=int(accepted[slot]))
+            request.spec.add(**counts)
+            self.stats.totals.add(**counts)
             new_tokens.append((request, out_tokens[slot, :emitted[slot]].tolist()))
+        self.planner.observe(StepObservation(
+            plan=plan, accept_lens=accepted[slots] + 1, context_len=flight.context_len,
+            target_ms=self._measured_target_ms(flight, ready)))
         self.stats.steps.append(StepRecord(
-            num_requests=len(decodes), verify_rows=rows,
-            used_rows=int(sum(verified[r.slot] + 1 for r in decodes)), draft_depth=depth,
-            accepted=int(sum(accepted[r.slot] for r in decodes)),
-            emitted=int(sum(emitted[r.slot] for r in decodes)),
-            seconds=time.perf_counter() - start))
+            num_requests=len(decodes), verify_rows=plan.verify_rows,
+            used_rows=int((verified[slots] + 1).sum()), draft_depth=plan.draft_depth,
+            accepted=int(accepted[slots].sum()), emitted=int(emitted[slots].sum()),
+            seconds=ready - flight.dispatched_at))
         return new_tokens

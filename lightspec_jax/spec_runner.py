@@ -73,6 +73,7 @@ class SpecResult(NamedTuple):
     accepted: jax.Array  # [N] accepted draft tokens
     verified: jax.Array  # [N] draft tokens verified (the fill's lengths)
     stepped: jax.Array  # [N] bool
+    confidence: jax.Array  # [N, K] the verified proposal's draft confidences
 
 
 def _prefill_step(target: Qwen3, drafter: Drafter, d_leaves, cache: KVCache, dcache,
@@ -96,8 +97,19 @@ def _prefill_step(target: Qwen3, drafter: Drafter, d_leaves, cache: KVCache, dca
     return out.cache, dcache, state, new_tokens
 
 
-def _spec_step(target: Qwen3, drafter: Drafter, d_leaves, cache: KVCache, dcache,
-               state: SpecState, inputs: SpecInputs, *, num_rows: int, depth: int):
+class VerifyOutput(NamedTuple):
+    """What the verify stage hands the drafter's commit stage (device arrays)."""
+
+    rows: DraftRows  # the B verify rows with the target's tokens and features
+    tail_row: jax.Array  # [N]
+    bonus: jax.Array  # [N]
+    new_seq_len: jax.Array  # [N]
+    stepped: jax.Array  # [N] bool
+
+
+def _verify_step(target: Qwen3, aux_layers: tuple[int, ...], cache: KVCache, state: SpecState,
+                 inputs: SpecInputs, *, num_rows: int):
+    """fill -> target forward over B flat rows -> per-row target token -> verify -> commit."""
     num_slots, max_depth = state.draft_tokens.shape
     layout = fill(state.draft_conf, state.proposal_len, inputs.active, num_rows=num_rows)
     slot = jnp.clip(layout.row_slot, 0, num_slots - 1)  # [B]; padding rows read slot N-1
@@ -106,7 +118,7 @@ def _spec_step(target: Qwen3, drafter: Drafter, d_leaves, cache: KVCache, dcache
     row_token = jnp.where(offset == 0, state.last_token[slot], draft_at)  # [B]
     row_pos = state.seq_len[slot] + offset  # [B]
 
-    out = target(row_token, row_pos, layout.row_slot, cache, aux_layers=drafter.aux_layers)
+    out = target(row_token, row_pos, layout.row_slot, cache, aux_layers=aux_layers)
     # The token sampled at a row is for position row_pos + 1: the same key plain decoding
     # would use there, so the committed tokens are exactly the target's own.
     target_tokens = sample(out.logits, inputs.temperature[slot], inputs.top_k[slot],
@@ -116,28 +128,39 @@ def _spec_step(target: Qwen3, drafter: Drafter, d_leaves, cache: KVCache, dcache
     done = commit(out_tokens, num_new, accepted, layout, state.seq_len, inputs.active,
                   inputs.stop_ids, inputs.remaining, hidden)
     stepped = inputs.active & layout.slot_valid
-
-    rows = DraftRows(token=row_token, next_token=target_tokens, hidden=out.aux_hidden,
-                     position=row_pos, slot=layout.row_slot)
-    dcache, proposal = drafter.propose(
-        d_leaves, dcache, rows, tail_row=done.tail_row, bonus=done.new_last_token,
-        new_seq_len=done.new_seq_len, stepped=stepped, depth=depth,
-        target_embed=target.embed[...])
-    pad = max_depth - depth
-    state = SpecState(
+    state = state._replace(
         seq_len=done.new_seq_len,
         last_token=jnp.where(stepped, done.new_last_token, state.last_token),
-        draft_tokens=jnp.pad(proposal.tokens, ((0, 0), (0, pad))),
-        draft_conf=jnp.pad(proposal.confidence, ((0, 0), (0, pad))),
-        proposal_len=jnp.where(stepped, depth, 0).astype(jnp.int32))
+        proposal_len=jnp.where(stepped, 0, state.proposal_len))  # consumed; drafting refills
+    handoff = VerifyOutput(
+        rows=DraftRows(token=row_token, next_token=target_tokens, hidden=out.aux_hidden,
+                       position=row_pos, slot=layout.row_slot),
+        tail_row=done.tail_row, bonus=done.new_last_token, new_seq_len=done.new_seq_len,
+        stepped=stepped)
     result = SpecResult(out_tokens=out_tokens, num_emitted=done.num_emitted,
                         finished=done.finished, accepted=accepted, verified=layout.lengths,
-                        stepped=stepped)
-    return out.cache, dcache, state, result
+                        stepped=stepped, confidence=state.draft_conf)
+    return out.cache, state, handoff, result
+
+
+def _draft_step(drafter: Drafter, d_leaves, dcache, state: SpecState, carry, stepped,
+                target_embed, *, depth: int):
+    """The drafter's `depth` tokens per stepped slot become the next proposal."""
+    max_depth = state.draft_tokens.shape[1]
+    dcache, proposal = drafter.draft(d_leaves, dcache, carry, depth=depth,
+                                     target_embed=target_embed)
+    pad = ((0, 0), (0, max_depth - depth))
+    keep = stepped[:, None]
+    state = state._replace(
+        draft_tokens=jnp.where(keep, jnp.pad(proposal.tokens, pad), state.draft_tokens),
+        draft_conf=jnp.where(keep, jnp.pad(proposal.confidence, pad), state.draft_conf),
+        proposal_len=jnp.where(stepped, depth, state.proposal_len).astype(jnp.int32))
+    return dcache, state
 
 
 class SpecRunner:
-    """Owns the device state and the compiled prefill and speculative steps."""
+    """Owns the device state and the compiled steps: prefill per row bucket, verify and the
+    drafter's commit forward per verify bucket B, drafting per depth d."""
 
     def __init__(self, target: Qwen3, drafter: Drafter, *, num_slots: int, cache_len: int,
                  max_depth: int, prefill_buckets: tuple[int, ...],
@@ -147,52 +170,83 @@ class SpecRunner:
 
         self.num_slots = num_slots
         self.max_depth = max_depth
+        self.cache_len = cache_len
         self.drafter = drafter
         graphdef, t_state = nnx.split(target)
-        t_leaves, t_treedef = jax.tree.flatten(t_state)
-        self._t_leaves = t_leaves
+        self._t_leaves, t_treedef = jax.tree.flatten(t_state)
+        self._embed = target.embed[...]
         self.cache = target.new_cache(num_slots=num_slots, max_len=cache_len)
         self.dcache = drafter.new_cache(num_slots=num_slots, cache_len=cache_len)
-        self.state = SpecState(
-            seq_len=jnp.zeros((num_slots,), jnp.int32),
-            last_token=jnp.zeros((num_slots,), jnp.int32),
-            draft_tokens=jnp.zeros((num_slots, max_depth), jnp.int32),
-            draft_conf=jnp.zeros((num_slots, max_depth), jnp.float32),
-            proposal_len=jnp.zeros((num_slots,), jnp.int32))
+        self.state = self.empty_state()
         merge = lambda leaves: nnx.merge(graphdef, jax.tree.unflatten(t_treedef, leaves))  # noqa: E731
+        aux = drafter.aux_layers
 
         def prefill_step(t_leaves, d_leaves, cache, dcache, state, inputs, extras):
             return _prefill_step(merge(t_leaves), drafter, d_leaves, cache, dcache, state,
                                  inputs, extras)
 
-        def make_spec_step(rows, depth):
-            def spec_step(t_leaves, d_leaves, cache, dcache, state, inputs):
-                return _spec_step(merge(t_leaves), drafter, d_leaves, cache, dcache, state,
-                                  inputs, num_rows=rows, depth=depth)
-            return spec_step
+        def verify_step(rows):
+            def step(t_leaves, cache, state, inputs):
+                return _verify_step(merge(t_leaves), aux, cache, state, inputs, num_rows=rows)
+            return step
 
-        donate = ("cache", "dcache", "state")
-        common = (abstract(t_leaves), abstract(drafter.param_leaves), abstract(self.cache),
-                  abstract(self.dcache), abstract(self.state))
+        def commit_step(d_leaves, dcache, handoff, embed):
+            return drafter.commit(d_leaves, dcache, handoff.rows, tail_row=handoff.tail_row,
+                                  bonus=handoff.bonus, new_seq_len=handoff.new_seq_len,
+                                  stepped=handoff.stepped, target_embed=embed)
+
+        def draft_step(depth):
+            def step(d_leaves, dcache, state, carry, stepped, embed):
+                return _draft_step(drafter, d_leaves, dcache, state, carry, stepped, embed,
+                                   depth=depth)
+            return step
+
+        t_abs, d_abs = abstract(self._t_leaves), abstract(drafter.param_leaves)
+        cache_abs, dcache_abs = abstract(self.cache), abstract(self.dcache)
+        state_abs, embed_abs = abstract(self.state), abstract(self._embed)
         self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
-        self.verify_registry = BucketRegistry("speculative step", verify_buckets)
-        self.depths = tuple(sorted(depths))
-        work = [("prefill", rows, None) for rows in self.prefill_registry.sizes]
-        work += [("verify", rows, d) for rows in self.verify_registry.sizes for d in self.depths]
-        for kind, rows, depth in tqdm(work, desc="compiling speculative buckets",
-                                      disable=not show_progress, leave=False):
+        self.verify_registry = BucketRegistry("verify step", verify_buckets)
+        self.commit_registry = BucketRegistry("draft commit", verify_buckets)
+        self.draft_registry = BucketRegistry("draft step", depths)
+        self.depths = self.draft_registry.sizes
+        work = [("prefill", b) for b in self.prefill_registry.sizes]
+        work += [("verify", b) for b in self.verify_registry.sizes]
+        work += [("draft", d) for d in self.depths]
+        carry_abs = None
+        for kind, size in tqdm(work, desc="compiling speculative buckets",
+                               disable=not show_progress, leave=False):
             if kind == "prefill":
                 self.prefill_registry.compile(
-                    rows, prefill_step, *common, abstract(empty_step_inputs(rows, num_slots)),
-                    abstract(self.empty_extras(rows)), donate_argnames=donate)
+                    size, prefill_step, t_abs, d_abs, cache_abs, dcache_abs, state_abs,
+                    abstract(empty_step_inputs(size, num_slots)), abstract(self.empty_extras(size)),
+                    donate_argnames=("cache", "dcache", "state"))
+            elif kind == "verify":
+                inputs_abs = abstract(self.empty_spec_inputs())
+                self.verify_registry.compile(size, verify_step(size), t_abs, cache_abs, state_abs,
+                                             inputs_abs, donate_argnames=("cache", "state"))
+                handoff_abs = jax.eval_shape(verify_step(size), t_abs, cache_abs, state_abs,
+                                             inputs_abs)[2]
+                self.commit_registry.compile(size, commit_step, d_abs, dcache_abs, handoff_abs,
+                                             embed_abs, donate_argnames=("dcache",))
+                carry_abs = jax.eval_shape(commit_step, d_abs, dcache_abs, handoff_abs,
+                                           embed_abs)[1]
             else:
-                self.verify_registry.compile(
-                    (rows, depth), make_spec_step(rows, depth), *common,
-                    abstract(self.empty_spec_inputs()), donate_argnames=donate)
+                stepped_abs = jax.ShapeDtypeStruct((num_slots,), jnp.bool_)
+                self.draft_registry.compile(size, draft_step(size), d_abs, dcache_abs, state_abs,
+                                            carry_abs, stepped_abs, embed_abs,
+                                            donate_argnames=("dcache", "state"))
 
     @property
     def compile_seconds(self) -> float:
-        return self.prefill_registry.compile_seconds + self.verify_registry.compile_seconds
+        return sum(r.compile_seconds for r in (self.prefill_registry, self.verify_registry,
+                                               self.commit_registry, self.draft_registry))
+
+    def empty_state(self) -> SpecState:
+        n, k = self.num_slots, self.max_depth
+        return SpecState(seq_len=jnp.zeros((n,), jnp.int32), last_token=jnp.zeros((n,), jnp.int32),
+                         draft_tokens=jnp.zeros((n, k), jnp.int32),
+                         draft_conf=jnp.zeros((n, k), jnp.float32),
+                         proposal_len=jnp.zeros((n,), jnp.int32))
 
     def empty_extras(self, rows: int) -> PrefillExtras:
         n = self.num_slots
@@ -215,8 +269,25 @@ class SpecRunner:
             self.state, inputs, extras)
         return new_tokens
 
+    def run_verify(self, inputs: SpecInputs, *, rows: int):
+        self.cache, self.state, handoff, result = self.verify_registry(
+            rows, self._t_leaves, self.cache, self.state, inputs)
+        return handoff, result
+
+    def run_commit(self, handoff: VerifyOutput, *, rows: int):
+        self.dcache, carry = self.commit_registry(rows, self.drafter.param_leaves, self.dcache,
+                                                  handoff, self._embed)
+        return carry
+
+    def run_draft(self, carry, stepped, *, depth: int) -> None:
+        self.dcache, self.state = self.draft_registry(
+            depth, self.drafter.param_leaves, self.dcache, self.state, carry, stepped,
+            self._embed)
+
     def run_spec(self, inputs: SpecInputs, *, rows: int, depth: int) -> SpecResult:
-        self.cache, self.dcache, self.state, result = self.verify_registry(
-            (rows, depth), self._t_leaves, self.drafter.param_leaves, self.cache, self.dcache,
-            self.state, inputs)
+        """Dispatches verify, the draft commit and drafting; returns the (device) results
+        without waiting for them."""
+        handoff, result = self.run_verify(inputs, rows=rows)
+        carry = self.run_commit(handoff, rows=rows)
+        self.run_draft(carry, handoff.stepped, depth=depth)
         return result

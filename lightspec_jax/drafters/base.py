@@ -6,6 +6,9 @@ so it is known on the device right after verification - and returns the next pro
 slot that stepped: `depth` draft tokens (target vocabulary ids) with the drafter's top-1
 probability for each (the confidence the fill and the planner use).
 
+Two stages, compiled apart: `commit` depends on the verify bucket B, `draft` on the depth d,
+so an engine compiles |B| + |d| executables instead of |B| x |d|.
+
 Axis legend: T rows, N slots, F target feature width, d draft depth.
 """
 
@@ -55,15 +58,21 @@ class Drafter(abc.ABC):
         """Writes the drafter cache for prompt rows; returns the new cache."""
 
     @abc.abstractmethod
-    def propose(self, param_leaves, cache, rows: DraftRows, *, tail_row: jax.Array,
-                bonus: jax.Array, new_seq_len: jax.Array, stepped: jax.Array, depth: int,
-                target_embed: jax.Array) -> tuple[Any, Proposal]:
-        """Commit forward over the verify rows, then drafting: the next proposal per slot.
+    def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row: jax.Array,
+               bonus: jax.Array, new_seq_len: jax.Array, stepped: jax.Array,
+               target_embed: jax.Array) -> tuple[Any, Any]:
+        """Commit forward over the verify rows; returns (cache, carry) for `draft`.
 
         tail_row [N]: the verify row of each slot's bonus token (its last accepted row);
         bonus [N]: the bonus token, the slot's new last token, at position new_seq_len [N];
-        stepped [N]: slots that verified this step (others' proposals are ignored).
+        stepped [N]: slots that verified this step (others' drafts are ignored). Compiled per
+        verify bucket B; `carry` holds whatever per-slot state drafting continues from.
         """
+
+    @abc.abstractmethod
+    def draft(self, param_leaves, cache, carry, *, depth: int,
+              target_embed: jax.Array) -> tuple[Any, Proposal]:
+        """Drafts `depth` tokens per slot from `carry`; compiled per depth."""
 
 
 def top1(logits: jax.Array) -> tuple[jax.Array, jax.Array]:

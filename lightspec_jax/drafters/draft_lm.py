@@ -6,7 +6,9 @@ forward re-reads the verify rows, then drafting starts from the bonus token at n
 
 `temperature` > 0 samples the drafts instead of taking the argmax (keys from the drafter's
 own seed, slot and position - never the request's seed). `corrupt_rate` replaces each drafted
-token, with that probability, by another one (keyed likewise, so runs are reproducible). With the target's own weights as the draft model
+token, with that probability, by another one (keyed likewise, so runs are reproducible), and
+`corrupt_from` replaces every token drafted for a position at or past it (a drafter that is
+right early in a request and wrong later). With the target's own weights as the draft model
 this gives a drafter that is right most of the time but not always: long accepted spans, full
 acceptance and bonus tokens, next to partial rejections - what the lossless tests need.
 """
@@ -23,7 +25,7 @@ from .base import Drafter, DraftRows, chain, top1
 
 class DraftLMDrafter(Drafter):
     def __init__(self, model: Qwen3, *, temperature: float = 0.0, corrupt_rate: float = 0.0,
-                 seed: int = 0):
+                 corrupt_from: int | None = None, seed: int = 0):
         if not 0.0 <= corrupt_rate <= 1.0:
             raise ValueError(f"corrupt_rate must be in [0, 1], got {corrupt_rate}")
         if not temperature >= 0.0:
@@ -32,6 +34,7 @@ class DraftLMDrafter(Drafter):
         self.config = model.config
         self.temperature = temperature
         self.corrupt_rate = corrupt_rate
+        self.corrupt_from = corrupt_from
         self.seed = seed
 
     def new_cache(self, *, num_slots: int, cache_len: int) -> KVCache:
@@ -46,14 +49,19 @@ class DraftLMDrafter(Drafter):
                     logits_rows=jnp.zeros((1,), jnp.int32))
         return out.cache
 
-    def propose(self, param_leaves, cache, rows: DraftRows, *, tail_row, bonus, new_seq_len,
-                stepped, depth, target_embed):
+    def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, bonus, new_seq_len,
+               stepped, target_embed):
         model = self.module(param_leaves)
         num_slots = bonus.shape[0]
-        # Commit forward: the verify rows' inputs, so the accepted prefix is in the cache.
+        # The verify rows' inputs, so the accepted prefix is in the draft model's cache.
         cache = model(rows.token, rows.position, rows.slot, cache,
                       logits_rows=jnp.zeros((1,), jnp.int32)).cache
         slots = jnp.where(stepped, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
+        return cache, (bonus, new_seq_len, slots)
+
+    def draft(self, param_leaves, cache, carry, *, depth, target_embed):
+        model = self.module(param_leaves)
+        bonus, new_seq_len, slots = carry
 
         def step(cache, token, k):
             # Feed the token at new_seq_len + k (k = 0 is the bonus), predict the one after.
@@ -81,10 +89,13 @@ class DraftLMDrafter(Drafter):
         return token.astype(jnp.int32), jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
 
     def _corrupt(self, tokens, position, slots):
-        if self.corrupt_rate == 0.0:
+        if self.corrupt_rate == 0.0 and self.corrupt_from is None:
             return tokens
         vocab = self.config.vocab_size
         keys = self._keys(slots, position, 0)
         u, shift = jax.vmap(lambda k: (jax.random.uniform(k),
                                        jax.random.randint(jax.random.fold_in(k, 1), (), 1, vocab)))(keys)
-        return jnp.where(u < self.corrupt_rate, (tokens + shift) % vocab, tokens).astype(jnp.int32)
+        corrupt = u < self.corrupt_rate
+        if self.corrupt_from is not None:  # a drafter that goes bad late in every sequence
+            corrupt |= position >= self.corrupt_from
+        return jnp.where(corrupt, (tokens + shift) % vocab, tokens).astype(jnp.int32)

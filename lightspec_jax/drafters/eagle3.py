@@ -43,24 +43,29 @@ class Eagle3Drafter(Drafter):
                      embed=self._embed(target_embed), from_features=True,
                      logits_rows=jnp.zeros((1,), jnp.int32)).cache
 
-    def propose(self, param_leaves, cache, rows: DraftRows, *, tail_row, bonus, new_seq_len,
-                stepped, depth, target_embed):
+    def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, bonus, new_seq_len,
+               stepped, target_embed):
         model = self.module(param_leaves)
-        embed = self._embed(target_embed)
         num_slots = bonus.shape[0]
-        out = model(rows.next_token, rows.hidden, rows.position, rows.slot, cache, embed=embed,
-                    from_features=True, logits_rows=tail_row)  # logits [N, Vd], state [N, H]
+        out = model(rows.next_token, rows.hidden, rows.position, rows.slot, cache,
+                    embed=self._embed(target_embed), from_features=True,
+                    logits_rows=tail_row)  # logits [N, Vd], state [N, H]
         draft, conf = top1(out.logits)  # [N] draft-vocab ids
         slots = jnp.where(stepped, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
+        return out.cache, (model.draft_to_target(draft), conf, out.state, new_seq_len, slots)
+
+    def draft(self, param_leaves, cache, carry, *, depth, target_embed):
+        model = self.module(param_leaves)
+        embed = self._embed(target_embed)
+        first, conf, state, new_seq_len, slots = carry
 
         def step(carry, token, k):
             cache, state = carry
             # Draft k sits at position new_seq_len + k; its row is one earlier (EAGLE's offset).
-            step_out = model(token, state, new_seq_len - 1 + k, slots, cache, embed=embed,
-                             from_features=False)
-            nxt, c = top1(step_out.logits)
-            return (step_out.cache, step_out.state), model.draft_to_target(nxt), c
+            out = model(token, state, new_seq_len - 1 + k, slots, cache, embed=embed,
+                        from_features=False)
+            nxt, c = top1(out.logits)
+            return (out.cache, out.state), model.draft_to_target(nxt), c
 
-        (cache, _), proposal = chain(step, (out.cache, out.state),
-                                     (model.draft_to_target(draft), conf), depth)
+        (cache, _), proposal = chain(step, (cache, state), (first, conf), depth)
         return cache, proposal

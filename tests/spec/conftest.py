@@ -12,7 +12,8 @@ from lightspec_jax.models import Eagle3, Eagle3Config, Qwen3, Qwen3Config
 BASE = dict(dtype="float32", max_model_len=80, max_num_batched_tokens=32,
             compilation_cache_dir=None, show_progress=False)
 
-# name -> (slots N, depth K, verify buckets, drafter kind, corrupt rate)
+# name -> (slots N, depth K, verify buckets, drafter kind, corrupt rate[, policy]); every engine overlaps
+# dispatch and reads except those in NO_OVERLAP (both paths must be lossless).
 SPEC_ENGINES = {
     # A copy of the target as draft model, corrupted: long spans, full acceptance, rejections.
     "copy_k3": (8, 3, (4, 8, 16, 32), "copy", 0.25),
@@ -24,7 +25,13 @@ SPEC_ENGINES = {
     "eagle3_k5": (6, 5, (6, 12, 24, 36), "eagle3", 0.0),
     # An unrelated random draft model: almost always wrong.
     "random_k1": (4, 1, (4, 8), "random", 0.0),
+    # The planner's policies, with the corrupted copy drafter.
+    "dynamic_k4": (4, 4, (4, 6, 8, 12, 16, 20), "copy", 0.2, "dynamic"),
+    "dspark_k3": (4, 3, (4, 8, 12, 16), "copy", 0.2, "dspark"),
 }
+
+
+NO_OVERLAP = {"eagle3_k5"}  # its proposal test compares device state after each step
 
 
 @pytest.fixture(scope="session")
@@ -75,11 +82,13 @@ def spec_engines(target_dir, sharp_checkpoint):
 
     def get(name):
         if name not in cache:
-            slots, depth, buckets, kind, rate = SPEC_ENGINES[name]
+            slots, depth, buckets, kind, rate, *policy = SPEC_ENGINES[name]
             target_dir_ = sharp_checkpoint[0] if kind == "copy_sampling" else target_dir
             config = EngineConfig(max_num_seqs=slots, verify_buckets=buckets,
-                                  speculative=SpeculativeConfig(policy="static",
-                                                                num_speculative_tokens=depth),
+                                  overlap=name not in NO_OVERLAP,
+                                  speculative=SpeculativeConfig(
+                                      policy=policy[0] if policy else "static",
+                                      num_speculative_tokens=depth),
                                   **BASE)
             cache[name] = Engine(load_qwen3(target_dir_), config=config,
                                  drafter=make_drafter(kind, target_dir_, rate),

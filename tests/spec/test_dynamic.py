@@ -1,0 +1,76 @@
+"""The planner inside the engine: budgets really change, static reproduces fixed width, and the
+measured CPU cost table follows the verify budget."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig
+from lightspec_jax.checkpoint import load_qwen3
+from lightspec_jax.drafters import DraftLMDrafter
+from lightspec_jax.planner import CostTable
+
+from conftest import BASE
+
+# Verify costs that grow with the budget, cheap drafting: wide verifies pay off only while
+# drafts are accepted. Fixed (not measured) so the decisions are deterministic on a noisy CPU.
+TARGET_MS = {4: 1.0, 6: 1.1, 8: 1.2, 12: 1.4, 16: 1.6, 20: 1.8}
+DRAFT_MS = {b: 0.05 for b in TARGET_MS}
+
+
+@pytest.fixture(scope="module")
+def late_engine(target_dir, tmp_path_factory):
+    """Dynamic K=4 with a drafter that is right before position 40 and wrong from there on."""
+    path = tmp_path_factory.mktemp("costs") / "costs.json"
+    path.write_text(json.dumps({"target": CostTable(TARGET_MS).to_json(),
+                                "draft": CostTable(DRAFT_MS).to_json()}))
+    config = EngineConfig(max_num_seqs=4, verify_buckets=tuple(TARGET_MS),
+                          speculative=SpeculativeConfig(policy="dynamic", num_speculative_tokens=4),
+                          cost_table_path=str(path), refresh_costs=False,
+                          **{**BASE, "max_model_len": 256})
+    drafter = DraftLMDrafter(load_qwen3(target_dir), corrupt_from=40, seed=7)
+    return Engine(load_qwen3(target_dir), config=config, drafter=drafter)
+
+
+def test_late_failing_drafter_drives_the_budget_down(late_engine, plain_engine):
+    prompts = [[3, 8, 13], [50, 60], [7] * 5, [99, 1, 98]]
+    outs = late_engine.generate(prompts, SamplingParams(max_tokens=200, ignore_eos=True))
+    ref = plain_engine.generate(prompts, SamplingParams(max_tokens=70, ignore_eos=True))
+    assert [o.token_ids[:70] for o in outs] == [o.token_ids for o in ref]
+    steps = [s for s in late_engine.stats.steps if s.num_requests == 4]
+    # Before position 40 every draft is accepted: verify wide, draft deep. From 40 on nothing
+    # is: one row per request and the shallowest draft are cheapest per committed token.
+    early, late = steps[2:8], steps[-10:]
+    assert np.median([s.verify_rows for s in early]) >= 16
+    assert np.median([s.draft_depth for s in early]) >= 3
+    assert np.median([s.verify_rows for s in late]) == 4
+    assert np.median([s.draft_depth for s in late]) == 1
+    assert sum(s.accepted for s in late) == 0
+
+
+def test_static_is_fixed_width(spec_engines):
+    engine = spec_engines("copy_k3")
+    start = len(engine.stats.steps)
+    engine.generate([[4, 5], [6], [7, 8, 9]], SamplingParams(max_tokens=20, ignore_eos=True))
+    depth = engine.config.speculative.num_speculative_tokens
+    steps = engine.stats.steps[start:]
+    assert all(s.draft_depth == depth for s in steps)
+    # Once every request holds a proposal, each verifies its target row plus all K drafts.
+    full = [s for s in steps[1:] if s.num_requests == 3]
+    assert full and all(s.used_rows == 3 * (depth + 1) for s in full)
+    assert all(s.verify_rows == engine.backend.runner.verify_registry.pick(s.used_rows)
+               for s in full)
+
+
+def test_cpu_verify_cost_rises_with_budget(spec_engines):
+    """At fixed N the bucket sweep's verify cost grows with B (the projections and MLP run on
+    the B flat rows). This model is tiny and overhead-bound, so the test asks only for the
+    trend; BENCHMARKS.md has the sweep of a larger model."""
+    profile = spec_engines("dynamic_k4").backend.profile
+    rows = sorted(profile.target.rows)
+    ms = np.array([profile.target.estimate(b) for b in rows])
+    half = len(rows) // 2
+    assert np.median(ms[half:]) > np.median(ms[:half]), dict(zip(rows, ms))
+    assert spearmanr(rows, ms).statistic > 0, dict(zip(rows, ms))
