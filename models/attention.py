@@ -7,12 +7,18 @@ serves prefill chunks, plain decode and speculative verification alike.
 
 Padding rows use slot = N (out of range): their writes are dropped and their reads are clipped to
 a real slot, so they produce finite garbage that callers ignore.
+
+On a GPU backend `cached_attention` runs the Pallas kernel `pallas_kernels.verify_attention`
+instead (same contract; padding rows give zeros); everywhere else this XLA path.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from lightspec_jax.pallas_kernels import verify_attention
+from lightspec_jax.pallas_kernels._backend import use_pallas
 
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite, so padding rows stay NaN-free
 
@@ -35,6 +41,10 @@ def cached_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, layer
     length. Each row gathers its own slot's block, so a request's KV is read once per row; the
     GPU kernel reads it once per request instead.
     """
+    if use_pallas(None):
+        # The whole [L, ...] cache plus the layer index: a cache_k[layer] slice inside the
+        # layer scan would be materialised as a copy of the layer's cache for the custom call.
+        return verify_attention(q, cache_k, cache_v, slots, positions, layer=layer)
     num_rows, num_q, head_dim = q.shape
     max_len, num_kv = cache_k.shape[2], cache_k.shape[3]
     if max_len % block:

@@ -75,3 +75,21 @@ LAYOUT_TUNING = TritonTuning(name="fill_layout", num_warps=4)
 SLOT_BLOCK_TUNING = TritonTuning(name="slot_block", num_warps=4)
 # Row gather of hidden states: pure memory traffic in [slots, feature chunk] tiles.
 ROW_GATHER_TUNING = TritonTuning(name="row_gather", num_warps=4)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionTuning(TritonTuning):
+    """Triton launch plus tile sizes of the verify-attention kernel.
+
+    block_kv: cache positions per loop step (a power of two; capped by S's largest
+    power-of-two divisor). max_query_rows: the largest query tile M = rows x padded heads.
+    """
+
+    block_kv: int = 64
+    max_query_rows: int = 128
+
+
+# Memory-bound like decode attention: a 64 x 128 bf16 K and V block per step, 2 stages to keep
+# the next block's load in flight, 4 warps for an M <= 128 query tile.
+VERIFY_ATTENTION_TUNING = AttentionTuning(name="verify_attention", num_warps=4, num_stages=2,
+                                          block_kv=64, max_query_rows=128)

@@ -2,12 +2,49 @@
 
 Exposed as session fixtures returning plain functions, so hypothesis tests can use them too.
 Axis legend: N slots, K max draft depth, B verify rows, S stop ids, F feature width.
+
+LIGHTSPEC_KERNELS_ON_DEVICE=1 (benchmarks/h200_check.py sets it on the H200) runs every kernel
+test compiled on the GPU instead of interpreted: tests that ask for ``interpret=True`` get the
+real Triton kernel, and ``kernel_kwargs`` says so to tests that take it.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
+
+ON_DEVICE = os.environ.get("LIGHTSPEC_KERNELS_ON_DEVICE", "") == "1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_kernels_on_device():
+    """On the device run, drop interpret=True from every pallas_call (the ops look up
+    ``pl.pallas_call`` at trace time), so the existing interpret-mode tests test the GPU."""
+    if not ON_DEVICE:
+        yield
+        return
+    compiled = pl.pallas_call
+
+    def pallas_call(*args, **kwargs):
+        return compiled(*args, **{**kwargs, "interpret": False})
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pl, "pallas_call", pallas_call)
+        yield
+
+
+@pytest.fixture(scope="session")
+def kernel_kwargs():
+    """How a test calls an op's kernel: interpreted on CPU, compiled on the device run."""
+    return {"impl": "pallas", "interpret": not ON_DEVICE}
+
+
+@pytest.fixture(scope="session")
+def on_device():
+    return ON_DEVICE
 
 # Confidence values that exercise the clamp at both ends and produce exact ties across slots.
 _EXTREME_CONFIDENCES = np.array([0.0, 0.001, 0.01, 0.5, 0.5, 0.9, 0.99, 0.995, 1.0], np.float32)

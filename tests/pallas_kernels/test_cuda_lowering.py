@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
-from lightspec_jax.pallas_kernels import FillResult, commit, fill, verify
+from lightspec_jax.pallas_kernels import FillResult, commit, fill, verify, verify_attention
 
 # jax >= 0.11 warns at each Triton-route lowering; Triton is still our GPU route on purpose.
 pytestmark = pytest.mark.filterwarnings(
@@ -113,3 +113,24 @@ def test_commit_lowers_to_triton(hidden_dtype):
     )
     assert text.count(TRITON_CALL) == 2
     assert "lightspec_commit_tokens" in text and "lightspec_gather_tail_hidden" in text
+
+
+# Qwen3-14B attention: 40 query heads over 8 KV heads (Q/G = 5, padded to 8 in the kernel),
+# head_dim 128, 4096-token strips, bf16; the model passes the whole [L, N, S, G, D] cache.
+ATTN_Q, ATTN_G, ATTN_D, ATTN_S, ATTN_L = 40, 8, 128, 4096, 40
+
+
+@pytest.mark.parametrize("num_rows", ROW_BUCKETS)
+@pytest.mark.parametrize("with_layer", [False, True])
+def test_verify_attention_lowers_to_triton(num_rows, with_layer):
+    cache_shape = (ATTN_L,) * with_layer + (N, ATTN_S, ATTN_G, ATTN_D)
+    args = [spec((num_rows, ATTN_Q, ATTN_D), jnp.bfloat16), spec(cache_shape, jnp.bfloat16),
+            spec(cache_shape, jnp.bfloat16), spec((num_rows,)), spec((num_rows,))]
+    if with_layer:
+        fn = lambda q, k, v, s, p, layer: verify_attention(  # noqa: E731
+            q, k, v, s, p, layer=layer, impl="pallas")
+        args.append(spec(()))
+    else:
+        fn = functools.partial(verify_attention, impl="pallas")
+    text = lower_for_cuda(fn, *args)
+    assert text.count(TRITON_CALL) == 1 and "lightspec_verify_attention" in text

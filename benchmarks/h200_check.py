@@ -1,0 +1,383 @@
+"""One-shot device check on an H200: kernel tests compiled, kernel timings, the target verify
+step against its bf16 roofline, and the synthetic-acceptance serving benchmark.
+
+    python benchmarks/h200_check.py OUT_DIR            # on the H200, <= 8 minutes
+    python benchmarks/h200_check.py OUT_DIR --dry-run  # same logic on CPU, tiny shapes, < 2 min
+
+Sections run in order and each writes its results into OUT_DIR/h200_check.json as soon as it
+ends (a later failure or the time limit keeps what came before); errors are recorded, not
+raised. A global deadline skips what would not fit.
+
+Target verify step: a random-weight model of the real shape (all layers, bf16, weights drawn on
+the device), B verify rows spread evenly over N = 256 slots with a live context of CTX tokens
+each; the time is one jitted forward plus argmax over all B rows, next to the roofline
+max(bytes / 4.8 TB/s, FLOPs / 790 TFLOP/s) with bytes = weights + KV read, FLOPs = 2 * B *
+matmul params + attention.
+
+Axis legend: N slots, K max draft depth, B verify rows, S cache length, L layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+import xml.etree.ElementTree as ET
+
+# Before jax starts: the kernel-test subprocess and the models share the GPU.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+HBM_BYTES_S = 4.8e12
+BF16_FLOPS = 790e12
+QWEN3_14B = dict(vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_layers=40,
+                 num_heads=40, num_kv_heads=8, head_dim=128, tie_word_embeddings=False)
+QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
+                 num_heads=16, num_kv_heads=8, head_dim=128, tie_word_embeddings=True)
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=8, num_heads=4,
+            num_kv_heads=2, head_dim=32, tie_word_embeddings=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What one run measures: the H200 plan or the CPU dry run."""
+
+    dry_run: bool
+    deadline_s: float
+    test_filter: str | None  # pytest -k for the kernel tests (None: all of them)
+    slots: int  # N
+    depth: int  # K
+    attn_shape: dict  # verify_attention timing: Q, G, D, S
+    context: int  # live tokens per slot in the verify-step timing
+    cache_len: int  # S of the verify-step cache
+    batches: tuple[int, ...]  # B
+    models: dict  # name -> Qwen3Config fields
+    serve_c: int
+    serve_prompt_len: int
+    serve_new_tokens: int
+    serve_shape: dict
+    serve_dtype: str
+    serve_buckets: tuple[int, ...]  # verify buckets as multiples of c (plus c * (K+1))
+    repeats: int
+
+
+H200_PLAN = Plan(
+    dry_run=False, deadline_s=390, test_filter=None, slots=256, depth=11,
+    attn_shape=dict(Q=40, G=8, D=128, S=4096), context=512, cache_len=1024,
+    batches=(256, 512, 1024, 2048, 3072), models={"qwen3-14b": QWEN3_14B, "qwen3-0.6b": QWEN3_06B},
+    serve_c=256, serve_prompt_len=32, serve_new_tokens=64, serve_shape=QWEN3_06B,
+    serve_dtype="bfloat16", serve_buckets=(1, 2, 4, 8), repeats=10)
+DRY_PLAN = Plan(
+    dry_run=True, deadline_s=240, test_filter="N4-S64 and f32", slots=4, depth=3,
+    attn_shape=dict(Q=4, G=2, D=32, S=64), context=16, cache_len=64, batches=(4, 8),
+    models={"qwen3-14b": TINY, "qwen3-0.6b": TINY}, serve_c=4, serve_prompt_len=8,
+    serve_new_tokens=8, serve_shape=TINY, serve_dtype="float32", serve_buckets=(1,), repeats=2)
+
+
+def time_call(fn, repeats: int) -> float:
+    """Median ms of fn() (which blocks), after one warm-up call that also compiles."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def run_kernel_tests(plan: Plan, out_dir: str) -> dict:
+    """pytest over tests/pallas_kernels, compiled on the GPU (interpreted in the dry run)."""
+    report = os.path.join(out_dir, "kernel_tests.xml")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           os.path.join(ROOT, "tests", "pallas_kernels"), f"--junitxml={report}"]
+    if plan.test_filter:
+        cmd += ["-k", plan.test_filter]
+    env = dict(os.environ, LIGHTSPEC_KERNELS_ON_DEVICE="0" if plan.dry_run else "1")
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60 if plan.dry_run else 200)
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    failed = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
+              if c.find("failure") is not None or c.find("error") is not None]
+    return {"returncode": proc.returncode, "wall_s": time.perf_counter() - start,
+            "tests": int(suite.get("tests")), "failures": int(suite.get("failures")),
+            "errors": int(suite.get("errors")), "skipped": int(suite.get("skipped")),
+            "failed": failed, "tail": proc.stdout[-2000:]}
+
+
+def time_kernels(plan: Plan) -> list[dict]:
+    """Each Pallas kernel vs its reference at the plan's real shapes (ms, median)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from lightspec_jax.pallas_kernels import commit, fill, verify, verify_attention
+
+    kw = dict(impl="pallas", interpret=plan.dry_run)
+    rng = np.random.default_rng(0)
+    n, k, b = plan.slots, plan.depth, plan.slots * (plan.depth + 1)
+    conf = jnp.asarray(rng.random((n, k), dtype=np.float32))
+    plen = jnp.full((n,), k, jnp.int32)
+    active = jnp.ones((n,), bool)
+    rows = []
+
+    def add(name, shape, fn, ref, extra=None):
+        row = {"kernel": name, "shape": shape,
+               "pallas_ms": time_call(lambda: jax.block_until_ready(fn()), plan.repeats),
+               "reference_ms": time_call(lambda: jax.block_until_ready(ref()), plan.repeats)}
+        rows.append({**row, **(extra or {})})
+        print(rows[-1], flush=True)
+
+    for num_rows in sorted({n, b}):
+        args = (conf, plen, active)
+        add("fill", f"N={n} K={k} B={num_rows}",
+            lambda: fill(*args, num_rows=num_rows, **kw),
+            lambda: fill(*args, num_rows=num_rows, impl="reference"))
+    fr = fill(conf, plen, active, num_rows=b, impl="reference")
+    draft = jnp.asarray(rng.integers(0, 4, (n, k)), jnp.int32)
+    target = jnp.asarray(rng.integers(0, 4, (b,)), jnp.int32)
+    add("verify", f"N={n} K={k} B={b}", lambda: verify(target, fr, draft, **kw),
+        lambda: verify(target, fr, draft, impl="reference"))
+    accepted, out_tokens, num_new = verify(target, fr, draft, impl="reference")
+    hidden_width = 3 * (5120 if not plan.dry_run else 64)
+    commit_args = (out_tokens, num_new, accepted, fr, jnp.full((n,), 100, jnp.int32), active,
+                   jnp.full((n, 8), -1, jnp.int32), jnp.full((n,), 1000, jnp.int32),
+                   jnp.zeros((b, hidden_width), jnp.bfloat16))
+    add("commit", f"N={n} K={k} B={b} F={hidden_width}", lambda: commit(*commit_args, **kw),
+        lambda: commit(*commit_args, impl="reference"))
+
+    a = plan.attn_shape
+    cache_shape = (n, a["S"], a["G"], a["D"])
+    k_cache = jax.random.normal(jax.random.key(1), cache_shape, jnp.bfloat16)
+    v_cache = jax.random.normal(jax.random.key(2), cache_shape, jnp.bfloat16)
+    for num_rows in plan.batches:
+        per_slot = num_rows // n
+        slot = jnp.repeat(jnp.arange(n, dtype=jnp.int32), per_slot)  # [B]
+        pos = plan.context + jnp.tile(jnp.arange(per_slot, dtype=jnp.int32), n)
+        q = jax.random.normal(jax.random.key(3), (num_rows, a["Q"], a["D"]), jnp.bfloat16)
+        kv_bytes = 2 * n * (plan.context + per_slot) * a["G"] * a["D"] * 2
+        ms = time_call(lambda: jax.block_until_ready(
+            verify_attention(q, k_cache, v_cache, slot, pos, **kw)), plan.repeats)
+        row = {"kernel": "verify_attention", "shape": f"B={num_rows} N={n} ctx={plan.context} "
+               f"Q={a['Q']} G={a['G']} D={a['D']} S={a['S']} bf16", "pallas_ms": ms,
+               "kv_bytes": kv_bytes, "kv_roofline_ms": kv_bytes / HBM_BYTES_S * 1e3,
+               "achieved_tb_s": kv_bytes / (ms * 1e-3) / 1e12}
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def verify_step_cost(cfg, num_rows: int, num_slots: int, context: int, param_count: int,
+                     itemsize: int) -> tuple[int, int]:
+    """(bytes, FLOPs) of one target forward over B rows: weights + KV read, matmuls + attention.
+
+    The input embedding is a gather of B rows, neither read whole nor a matmul - unless it is
+    tied, when it is also the [H, V] lm_head.
+    """
+    embed = cfg.vocab_size * cfg.hidden_size
+    matmul_params = param_count - (0 if cfg.tie_word_embeddings else embed)
+    kv_token = cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * itemsize  # K and V
+    rows_per_slot = num_rows // num_slots
+    kv_bytes = num_slots * (context + rows_per_slot) * kv_token
+    attn_flops = (4 * num_rows * (context + rows_per_slot) * cfg.num_heads * cfg.head_dim
+                  * cfg.num_layers)
+    return matmul_params * itemsize + kv_bytes, 2 * num_rows * matmul_params + attn_flops
+
+
+def time_verify_step(plan: Plan, deadline: float) -> dict:
+    import gc
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from lightspec_jax.models import Qwen3, Qwen3Config
+
+    results = {}
+    dtype = jnp.float32 if plan.dry_run else jnp.bfloat16
+    n = plan.slots
+    for name, shape in plan.models.items():
+        cfg = Qwen3Config(**shape)
+        start = time.perf_counter()
+        model = Qwen3(cfg, dtype=dtype, rngs=nnx.Rngs(0))  # drawn leaf by leaf on the device
+        graphdef, state = nnx.split(model)
+        del model
+        leaves = jax.tree.leaves(state)
+        param_count, param_bytes = sum(x.size for x in leaves), sum(x.nbytes for x in leaves)
+        init_s = time.perf_counter() - start
+
+        @jax.jit
+        def step(state, tokens, positions, slots, cache):
+            out = nnx.merge(graphdef, state)(tokens, positions, slots, cache)
+            return jnp.argmax(out.logits, axis=-1), out.cache
+
+        rows = []
+        for num_rows in plan.batches:
+            if time.perf_counter() > deadline:
+                rows.append({"B": num_rows, "skipped": "deadline"})
+                continue
+            per_slot = num_rows // n
+            model_cache = nnx.merge(graphdef, state).new_cache(num_slots=n,
+                                                               max_len=plan.cache_len)
+            slots = jnp.repeat(jnp.arange(n, dtype=jnp.int32), per_slot)
+            positions = plan.context + jnp.tile(jnp.arange(per_slot, dtype=jnp.int32), n)
+            tokens = (slots * 7 + positions) % cfg.vocab_size
+            compile_start = time.perf_counter()
+            compiled = step.lower(state, tokens, positions, slots, model_cache).compile()
+            compile_s = time.perf_counter() - compile_start
+            # The cache is not donated: the same (unchanged-shape) cache serves every repeat.
+            ms = time_call(lambda: jax.block_until_ready(
+                compiled(state, tokens, positions, slots, model_cache)), plan.repeats)
+            bytes_, flops = verify_step_cost(cfg, num_rows, n, plan.context, param_count,
+                                             jnp.dtype(dtype).itemsize)
+            roofline = max(bytes_ / HBM_BYTES_S, flops / BF16_FLOPS) * 1e3
+            rows.append({"B": num_rows, "ms": ms, "roofline_ms": roofline,
+                         "fraction_of_roofline": roofline / ms, "bytes": bytes_, "flops": flops,
+                         "bound": "memory" if bytes_ / HBM_BYTES_S > flops / BF16_FLOPS
+                         else "compute", "compile_s": compile_s})
+            print(name, rows[-1], flush=True)
+            del model_cache
+        results[name] = {"config": shape, "dtype": str(jnp.dtype(dtype)), "layers_timed": "all",
+                         "slots": n, "context": plan.context, "cache_len": plan.cache_len,
+                         "param_bytes": param_bytes, "init_s": init_s, "rows": rows}
+        del state
+        gc.collect()
+    return results
+
+
+def run_serving(plan: Plan, deadline: float) -> list[dict]:
+    """Synthetic-acceptance serving (chat profile) at concurrency c: static K=3, K=11, dynamic."""
+    import numpy as np
+    from flax import nnx
+    from spec_serving import serve  # the same measurement as benchmarks/spec_serving.py
+
+    from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig
+    from lightspec_jax.drafters import Eagle3Drafter
+    from lightspec_jax.models import Eagle3, Eagle3Config, Qwen3, Qwen3Config
+
+    c = plan.serve_c
+    target_cfg = Qwen3Config(**plan.serve_shape)
+    dtype = {"bfloat16": "bfloat16", "float32": "float32"}[plan.serve_dtype]
+    params = SamplingParams(max_tokens=plan.serve_new_tokens, ignore_eos=True)
+    rng = np.random.default_rng(c)
+    prompts = [rng.integers(1, target_cfg.vocab_size, size=plan.serve_prompt_len).tolist()
+               for _ in range(2 * c)]
+    rows = []
+    for policy, k in (("static", 3), ("static", 11), ("dynamic", 11)):
+        label = f"{policy} K={k}"
+        if time.perf_counter() > deadline:
+            rows.append({"c": c, "policy": label, "skipped": "deadline"})
+            continue
+        start = time.perf_counter()
+        import jax.numpy as jnp
+
+        jdtype = getattr(jnp, dtype)
+        target = Qwen3(target_cfg, dtype=jdtype, rngs=nnx.Rngs(0))
+        drafter = Eagle3Drafter(Eagle3(Eagle3Config.for_target(target_cfg), dtype=jdtype,
+                                       rngs=nnx.Rngs(1)))
+        # Fewer buckets than spec_serving: each costs start-up compile time and sweep.
+        buckets = tuple(sorted({c * f for f in plan.serve_buckets if c * f <= c * (k + 1)}
+                               | {c * (k + 1)}))
+        config = EngineConfig(
+            max_num_seqs=c, dtype=dtype, verify_buckets=buckets,
+            speculative=SpeculativeConfig(policy=policy, num_speculative_tokens=k),
+            max_model_len=plan.serve_prompt_len + plan.serve_new_tokens + 1,
+            max_num_batched_tokens=max(128, c), show_progress=False,
+            compilation_cache_dir=None, synthetic_acceptance="chat")
+        engine = Engine(target, config=config, drafter=drafter)
+        startup_s = time.perf_counter() - start
+        row = serve(engine, prompts, params)
+        row.update(c=c, policy=label, startup_s=startup_s, profile="chat",
+                   target=("qwen3-0.6b-shaped" if not plan.dry_run else "tiny") + " random")
+        rows.append(row)
+        print(row, flush=True)
+        del engine, target, drafter
+    return rows
+
+
+def summary_text(results: dict) -> str:
+    lines = [f"h200_check ({'dry run, CPU' if results['dry_run'] else 'H200'}) "
+             f"jax {results['env'].get('jax')} backend {results['env'].get('backend')}"]
+    t = results.get("kernel_tests") or {}
+    if "tests" in t:
+        lines.append(f"kernel tests: {t['tests']} run, {t['failures']} failed, {t['errors']} "
+                     f"errors, {t['skipped']} skipped ({t['wall_s']:.0f} s)")
+        lines += [f"  FAILED {name}" for name in t["failed"][:20]]
+    for row in results.get("kernel_timings") or []:
+        extra = (f", {row['achieved_tb_s']:.2f} TB/s of KV (roofline {row['kv_roofline_ms']:.3f}"
+                 " ms)" if "achieved_tb_s" in row else
+                 f", reference {row['reference_ms']:.3f} ms")
+        lines.append(f"{row['kernel']:>16} {row['shape']}: {row['pallas_ms']:.3f} ms{extra}")
+    for name, model in (results.get("verify_step") or {}).items():
+        for row in model["rows"]:
+            if "ms" in row:
+                lines.append(f"verify step {name} B={row['B']}: {row['ms']:.2f} ms, roofline "
+                             f"{row['roofline_ms']:.2f} ms ({row['bound']}), "
+                             f"{100 * row['fraction_of_roofline']:.0f}% of roofline")
+    for row in results.get("serving") or []:
+        if "tok_s" in row:
+            lines.append(f"serving c={row['c']} {row['policy']}: {row['tok_s']:.0f} tok/s, "
+                         f"acceptance length {row.get('acceptance_length', 0):.2f}, "
+                         f"rows/step {row.get('used_rows_per_step', 0):.0f}")
+    for name, err in results["errors"].items():
+        lines.append(f"ERROR in {name}: {err.splitlines()[-1] if err else ''}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU, interpret mode, tiny shapes (a test of this script)")
+    args = parser.parse_args(argv)
+    plan = DRY_PLAN if args.dry_run else H200_PLAN
+    os.makedirs(args.out_dir, exist_ok=True)
+    start = time.perf_counter()
+    deadline = start + plan.deadline_s
+    results = {"dry_run": plan.dry_run, "env": {}, "kernel_tests": None, "kernel_timings": None,
+               "verify_step": None, "serving": None, "errors": {}, "section_s": {}}
+
+    def save():
+        with open(os.path.join(args.out_dir, "h200_check.json"), "w") as f:
+            json.dump(results, f, indent=2, default=str)
+        with open(os.path.join(args.out_dir, "summary.txt"), "w") as f:
+            f.write(summary_text(results))
+
+    sections = [
+        # First, while this process holds no GPU memory.
+        ("kernel_tests", lambda: run_kernel_tests(plan, args.out_dir)),
+        ("kernel_timings", lambda: time_kernels(plan)),
+        ("verify_step", lambda: time_verify_step(plan, deadline)),
+        ("serving", lambda: run_serving(plan, deadline)),
+    ]
+    for name, section in sections:
+        if name != "kernel_tests" and not results["env"]:
+            import jax
+
+            results["env"] = {"jax": jax.__version__, "backend": jax.default_backend(),
+                              "devices": [d.device_kind for d in jax.devices()]}
+        section_start = time.perf_counter()
+        try:
+            results[name] = section()
+        except Exception:  # noqa: BLE001 - recorded, and the next section still runs
+            results["errors"][name] = traceback.format_exc()
+            print(results["errors"][name], file=sys.stderr, flush=True)
+        results["section_s"][name] = time.perf_counter() - section_start
+        save()
+    results["total_s"] = time.perf_counter() - start
+    save()
+    print(summary_text(results), end="")
+    return results
+
+
+if __name__ == "__main__":
+    main()

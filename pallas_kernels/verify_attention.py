@@ -1,0 +1,244 @@
+"""verify_attention: flat verify rows attend to their own slot's KV cache (one layer).
+
+Row t carries (row_slot[t], row_pos[t]) and attends to positions 0 .. row_pos[t] of its slot's
+cache strip, the positions the step has just written included, so the rows of one request see
+each other causally. Padding rows (row_slot = N) output zeros and read nothing.
+
+The GPU kernel is laid out for the verify batch: rows are ordered by (slot, offset), so each
+request's rows are contiguous. The wrapper cuts them into *chunks*, runs of at most R rows of
+one slot, and each program (chunk, KV head) streams that slot's K/V blocks once for all of its
+rows and all Q/G query heads of the KV head - a request's KV is read once per step (twice only
+when it has more than R rows). The loop stops at the block holding the chunk's largest position,
+and the last block's loads are masked there, so neither compute nor bandwidth goes to the unused
+tail of the strip and stale (even NaN) entries are never touched. Online softmax in fp32 as in
+flash attention; the [M, D] query tile (M = R * Q/G query rows) is the MMA's M dimension, in the
+spirit of jax's ``pallas/ops/gpu/decode_attention.py``, which also packs a KV head's query heads
+into one tile.
+
+Axis legend: T rows, N slots, L layers, S cache length, G KV heads, Q query heads, D head dim,
+C chunks, R rows per chunk, Qp = Q/G padded to a power of two, M = R * Qp.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from ._backend import VERIFY_ATTENTION_TUNING, AttentionTuning, Impl, pow2_at_least, use_pallas
+
+# Finite, so a fully masked row never produces inf - inf = NaN inside the online softmax.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+# Triton's tl.dot needs every matrix dimension >= 16.
+_MIN_DOT = 16
+
+
+def _check_args(q, k_cache, v_cache, row_slot, row_pos, layer) -> None:
+    want_cache = 4 if layer is None else 5
+    if q.ndim != 3 or k_cache.ndim != want_cache or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"expected q [T, Q, D] and k_cache == v_cache shaped "
+            f"{'[N, S, G, D]' if layer is None else '[L, N, S, G, D] (layer given)'}; got q "
+            f"{q.shape}, k_cache {k_cache.shape}, v_cache {v_cache.shape}")
+    t, num_q, d = q.shape
+    num_kv, head_dim = k_cache.shape[-2:]
+    if head_dim != d or num_q % num_kv:
+        raise ValueError(f"q {q.shape} does not fit the cache {k_cache.shape}: head dims must "
+                         f"match and Q must be a multiple of G")
+    if row_slot.shape != (t,) or row_pos.shape != (t,):
+        raise ValueError(f"row_slot {row_slot.shape} and row_pos {row_pos.shape} must be ({t},) "
+                         f"to match q {q.shape}")
+
+
+def verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, *, layer=None):
+    """Plain-jnp masked softmax over each row's whole slot strip (memory T x S; for tests)."""
+    _check_args(q, k_cache, v_cache, row_slot, row_pos, layer)
+    if layer is not None:
+        k_cache, v_cache = k_cache[layer], v_cache[layer]  # [N, S, G, D]
+    t, num_q, d = q.shape
+    n, s, g, _ = k_cache.shape
+    valid = (row_slot >= 0) & (row_slot < n)  # [T]
+    slot = jnp.where(valid, row_slot, 0)
+    k = k_cache[slot]  # [T, S, G, D]
+    v = v_cache[slot]
+    visible = (jnp.arange(s)[None, :] <= row_pos[:, None]) & valid[:, None]  # [T, S]
+    # Zero what is invisible: 0 * NaN in a stale entry would otherwise poison the sum.
+    k = jnp.where(visible[:, :, None, None], k, 0).astype(jnp.float32)
+    v = jnp.where(visible[:, :, None, None], v, 0).astype(jnp.float32)
+    qg = q.reshape(t, g, num_q // g, d).astype(jnp.float32)  # [T, G, Q/G, D]
+    scores = jnp.einsum("tgqd,tsgd->tgqs", qg, k, precision=lax.Precision.HIGHEST) * d**-0.5
+    scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
+    probs = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True, initial=_MASK_VALUE))
+    probs = probs / jnp.maximum(probs.sum(axis=-1, keepdims=True), 1e-30)  # padding rows: 0
+    out = jnp.einsum("tgqs,tsgd->tgqd", probs, v, precision=lax.Precision.HIGHEST)
+    return out.reshape(t, num_q, d).astype(q.dtype)
+
+
+def _chunk_table(row_slot, row_pos, *, num_slots: int, max_len: int, rows_per_chunk: int,
+                 num_chunks: int):
+    """Cut the rows into runs of one slot, at most R rows each: i32[C] start, rows, slot, max pos.
+
+    Unused chunks have rows = 0 (their program does nothing) and start = T, which the padded
+    query/output arrays keep in bounds.
+    """
+    t = row_slot.shape[0]
+    row = jnp.arange(t, dtype=jnp.int32)  # [T]
+    valid = (row_slot >= 0) & (row_slot < num_slots)
+    prev = jnp.concatenate([jnp.full((1,), -1, jnp.int32), row_slot[:-1]])
+    run_start = lax.cummax(jnp.where(row_slot != prev, row, 0))  # [T] first row of the run
+    opens = valid & ((row - run_start) % rows_per_chunk == 0)  # [T] row opens a chunk
+    chunk = jnp.where(valid, jnp.cumsum(opens) - 1, num_chunks)  # [T]; C = dropped
+    start = jnp.full((num_chunks,), t, jnp.int32).at[jnp.where(opens, chunk, num_chunks)].set(
+        row, mode="drop")
+    rows = jnp.zeros((num_chunks,), jnp.int32).at[chunk].add(1, mode="drop")
+    slot = jnp.zeros((num_chunks,), jnp.int32).at[chunk].set(row_slot, mode="drop")
+    # Positions past the strip are clipped like the XLA path's gathers, never read beyond S.
+    pos = jnp.clip(row_pos, 0, max_len - 1).astype(jnp.int32)
+    max_pos = jnp.zeros((num_chunks,), jnp.int32).at[chunk].max(pos, mode="drop")
+    return start, rows, slot, max_pos
+
+
+def _verify_attention_kernel(
+    start_ref,  # i32[C] first row of each chunk
+    rows_ref,  # i32[C] rows in the chunk (0: unused)
+    slot_ref,  # i32[C]
+    max_pos_ref,  # i32[C] largest position among the chunk's rows
+    layer_ref,  # i32[1]
+    pos_ref,  # i32[(T+R) * Qp] each query row's position (row-major over (row, head))
+    q_ref,  # [G, (T+R) * Qp, D]
+    k_ref,  # [L, N, S, G, D]
+    v_ref,  # [L, N, S, G, D]
+    o_ref,  # out [G, (T+R) * Qp, D]
+    *,
+    heads_pad: int,
+    block_q: int,
+    block_kv: int,
+    scale: float,
+):
+    c, g = pl.program_id(0), pl.program_id(1)
+    start, num_rows = start_ref[c], rows_ref[c]
+    slot, max_pos, layer = slot_ref[c], max_pos_ref[c], layer_ref[0]
+    query_rows = pl.ds(start * heads_pad, block_q)
+    q = q_ref[g, query_rows, :]  # [M, D]
+    pos = pos_ref[query_rows]  # [M]
+    head_dim = q.shape[-1]
+    # f32 inputs: full-precision MMAs (Triton would use tf32 by default); bf16: native bf16 MMAs.
+    dot_precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+
+    def read_block(b, carry):
+        running_max, denom, acc = carry  # f32 [M], [M], [M, D]
+        key_pos = b * block_kv + lax.broadcasted_iota(jnp.int32, (block_kv,), 0)  # [blk]
+        # Masked loads: positions past the chunk's last row are neither fetched nor trusted.
+        live = jnp.broadcast_to((key_pos <= max_pos)[:, None], (block_kv, head_dim))
+        kv_rows = pl.ds(b * block_kv, block_kv)
+        k = pl_triton.load(k_ref.at[layer, slot, kv_rows, g, :], mask=live, other=0.0)
+        v = pl_triton.load(v_ref.at[layer, slot, kv_rows, g, :], mask=live, other=0.0)
+        scores = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=dot_precision,
+                                 preferred_element_type=jnp.float32) * scale  # [M, blk] = q k^T
+        visible = key_pos[None, :] <= pos[:, None]  # [M, blk]
+        scores = jnp.where(visible, scores, _MASK_VALUE)
+        new_max = jnp.maximum(running_max, jnp.max(scores, axis=1))
+        # where, not just exp: a row that sees nothing yet would get exp(mask - mask) = 1.
+        probs = jnp.where(visible, jnp.exp(scores - new_max[:, None]), 0.0)  # [M, blk]
+        correction = jnp.exp(running_max - new_max)
+        denom = denom * correction + jnp.sum(probs, axis=1)
+        pv = jnp.dot(probs.astype(v.dtype), v, precision=dot_precision,
+                     preferred_element_type=jnp.float32)  # [M, D]
+        return new_max, denom, acc * correction[:, None] + pv
+
+    init = (jnp.full((block_q,), _MASK_VALUE, jnp.float32), jnp.zeros((block_q,), jnp.float32),
+            jnp.zeros((block_q, head_dim), jnp.float32))
+    num_blocks = jnp.where(num_rows > 0, max_pos // block_kv + 1, 0)
+    _, denom, acc = lax.fori_loop(0, num_blocks, read_block, init)
+    out = acc / jnp.where(denom > 0, denom, 1.0)[:, None]
+    # Query rows past the chunk belong to the next chunk's program (or are padding).
+    mine = lax.broadcasted_iota(jnp.int32, (block_q,), 0) < num_rows * heads_pad
+    pl_triton.store(o_ref.at[g, query_rows, :], out.astype(o_ref.dtype),
+                    mask=jnp.broadcast_to(mine[:, None], (block_q, head_dim)))
+
+
+def rows_per_chunk(num_rows: int, num_slots: int, heads_pad: int, tuning: AttentionTuning) -> int:
+    """R: about the rows per request (T/N, a power of two), with M = R * Qp within the tuning.
+
+    Fewer rows per request than R wastes MMA work on other requests' rows; more splits a
+    request into several chunks that each re-read its KV.
+    """
+    low = max(1, _MIN_DOT // heads_pad)
+    high = max(low, tuning.max_query_rows // heads_pad)
+    return min(max(pow2_at_least(-(-num_rows // num_slots), 1), low), high)
+
+
+@functools.partial(jax.jit, static_argnames=("impl", "interpret", "tuning"))
+def verify_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    row_slot: jax.Array,
+    row_pos: jax.Array,
+    *,
+    layer: jax.Array | int | None = None,
+    impl: Impl = None,
+    interpret: bool = False,
+    tuning: AttentionTuning = VERIFY_ATTENTION_TUNING,
+) -> jax.Array:
+    """Attention of flat rows q [T, Q, D] against their slots' cache -> [T, Q, D] (q's dtype).
+
+    Args:
+      k_cache, v_cache: [N, S, G, D] one layer's cache, or [L, N, S, G, D] with ``layer`` (an
+        int or i32 scalar) picking the layer inside the kernel: slicing ``cache[layer]`` in a
+        layer scan would copy a whole layer of cache per call.
+      row_slot: i32[T] each row's slot; N (out of range) marks padding rows (output zeros).
+      row_pos: i32[T] each row's position; it sees cache positions 0 .. row_pos.
+
+    Scores are scaled by D^-0.5; scores, softmax and accumulation are fp32; GQA maps query head j
+    to KV head j // (Q/G). Precondition for the kernel: each slot's rows are contiguous (the
+    verify, decode and prefill layouts all are); at most N runs of one slot are supported.
+    """
+    _check_args(q, k_cache, v_cache, row_slot, row_pos, layer)
+    row_slot, row_pos = row_slot.astype(jnp.int32), row_pos.astype(jnp.int32)
+    if not use_pallas(impl, interpret=interpret):
+        return verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, layer=layer)
+
+    if layer is None:
+        k_cache, v_cache, layer = k_cache[None], v_cache[None], 0  # [1, N, S, G, D], free
+    t, num_q, d = q.shape
+    _, n, s, g, _ = k_cache.shape
+    if d & (d - 1) or d < _MIN_DOT:
+        raise ValueError(f"head_dim must be a power of two >= {_MIN_DOT} for Triton, got {d}")
+    block_kv = min(tuning.block_kv, s & -s)  # a power of two dividing S: no tail block
+    if block_kv < _MIN_DOT:
+        raise ValueError(f"cache length S = {s} must be a multiple of {_MIN_DOT}")
+    group = num_q // g
+    heads_pad = pow2_at_least(group, 1)
+    r = rows_per_chunk(t, n, heads_pad, tuning)
+    num_chunks = min(t, n + -(-t // r))  # N runs of one slot, split every R rows
+    start, rows, slot, max_pos = _chunk_table(
+        row_slot, row_pos, num_slots=n, max_len=s, rows_per_chunk=r, num_chunks=num_chunks)
+
+    # [T, Q, D] -> [G, (T+R)*Qp, D]: the query heads of one KV head, row-major over (row, head),
+    # so a chunk's queries are one contiguous [M, D] tile. R spare rows keep the last tile (and
+    # unused chunks, start = T) in bounds.
+    qg = q.reshape(t, g, group, d)
+    qg = jnp.pad(qg, ((0, r), (0, 0), (0, heads_pad - group), (0, 0)))  # [T+R, G, Qp, D]
+    q_tiles = qg.transpose(1, 0, 2, 3).reshape(g, (t + r) * heads_pad, d)
+    pos_tiles = jnp.repeat(jnp.pad(row_pos, (0, r)), heads_pad)  # [(T+R)*Qp]
+
+    out = pl.pallas_call(
+        functools.partial(_verify_attention_kernel, heads_pad=heads_pad, block_q=r * heads_pad,
+                          block_kv=block_kv, scale=d**-0.5),
+        grid=(num_chunks, g),
+        out_shape=jax.ShapeDtypeStruct(q_tiles.shape, q.dtype),
+        compiler_params=tuning.compiler_params(),
+        interpret=interpret,
+        name="lightspec_verify_attention",
+    )(start, rows, slot, max_pos, jnp.asarray(layer, jnp.int32).reshape(1), pos_tiles, q_tiles,
+      k_cache, v_cache)
+    out = out.reshape(g, t + r, heads_pad, d)[:, :t, :group]  # [G, T, Q/G, D]
+    out = out.transpose(1, 0, 2, 3).reshape(t, num_q, d)
+    # Rows no chunk covers (padding) were never written.
+    valid = (row_slot >= 0) & (row_slot < n)
+    return jnp.where(valid[:, None, None], out, 0).astype(q.dtype)

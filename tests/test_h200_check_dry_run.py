@@ -1,0 +1,44 @@
+"""benchmarks/h200_check.py --dry-run: the device check's whole logic on CPU at tiny shapes.
+
+The H200 run happens rarely and costs scarce device time; this keeps the script from rotting
+between runs. It runs the driver in a subprocess (it starts its own pytest and jax runtimes),
+about 1-2 minutes on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_dry_run_writes_every_section(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "h200_check.py"), str(tmp_path),
+         "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "h200_check.json").read_text())
+    assert results["errors"] == {}, results["errors"]
+    assert results["dry_run"] is True
+    assert {"env", "kernel_tests", "kernel_timings", "verify_step", "serving", "section_s",
+            "total_s"} <= results.keys()
+
+    tests = results["kernel_tests"]
+    assert tests["tests"] >= 1 and tests["failures"] == tests["errors"] == 0
+
+    kernels = {row["kernel"] for row in results["kernel_timings"]}
+    assert kernels == {"fill", "verify", "commit", "verify_attention"}
+
+    assert set(results["verify_step"]) == {"qwen3-14b", "qwen3-0.6b"}
+    for model in results["verify_step"].values():
+        assert [row["B"] for row in model["rows"]] == [4, 8]
+        for row in model["rows"]:
+            assert row["ms"] > 0 and row["roofline_ms"] > 0 and row["bound"] in ("memory", "compute")
+
+    policies = [row["policy"] for row in results["serving"]]
+    assert policies == ["static K=3", "static K=11", "dynamic K=11"]
+    assert all(row["tok_s"] > 0 and row["c"] == 4 for row in results["serving"])
+    assert "kernel tests:" in (tmp_path / "summary.txt").read_text()
