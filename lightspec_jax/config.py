@@ -63,6 +63,10 @@ class EngineConfig:
     # Speculative serving dispatches step i+1 before reading step i (planning, input building
     # and streaming overlap device work); False reads every step before the next dispatch.
     overlap: bool = True
+    # Benchmarks only: draw verification outcomes and draft confidences from a workload profile
+    # ("chat", "code", "math"; see planner/profiles.py) instead of exact match, for untrained or
+    # random-weight models. Device costs stay real; emitted tokens are NOT the target's.
+    synthetic_acceptance: str | None = None
     # Persistent XLA compilation cache (None disables it); a second start is then fast.
     compilation_cache_dir: str | None = dataclasses.field(default_factory=_default_cache_dir)
     # Raise if anything compiles while serving: every device step must come from the registry.
@@ -89,6 +93,9 @@ class EngineConfig:
                 raise ValueError(f"the largest row bucket ({buckets[-1]}) must cover "
                                  f"max_num_batched_tokens ({self.max_num_batched_tokens})")
             object.__setattr__(self, "row_buckets", buckets)
+        if self.synthetic_acceptance not in (None, "chat", "code", "math"):
+            raise ValueError(f"synthetic_acceptance must be None, 'chat', 'code' or 'math', got "
+                             f"{self.synthetic_acceptance!r}")
         if self.verify_buckets is not None:
             buckets = tuple(sorted(set(self.verify_buckets)))
             if not buckets or buckets[0] < 1:

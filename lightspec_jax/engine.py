@@ -62,6 +62,12 @@ class Engine:
                                        buckets=config.buckets, show_progress=config.show_progress)
             what = f"{len(config.buckets)} plain-step buckets {list(config.buckets)}"
         self.compile_seconds = time.perf_counter() - start
+        if config.synthetic_acceptance:
+            log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "
+                        "exact-matched; outputs are not the target's, only costs are real",
+                        config.synthetic_acceptance)
+            print(f"lightspec_jax: SYNTHETIC ACCEPTANCE MODE ({config.synthetic_acceptance}): "
+                  "outputs are not the target's; for benchmarking device costs only")
         if config.show_progress:
             print(f"lightspec_jax: compiled {what} in {self.compile_seconds:.1f} s")
         self.scheduler = Scheduler(num_slots=config.max_num_seqs,

@@ -58,6 +58,9 @@ class StepRecord:
 class EngineStats:
     totals: SpecCounters = dataclasses.field(default_factory=SpecCounters)
     steps: list[StepRecord] = dataclasses.field(default_factory=list)
+    # Set when acceptance was drawn from a workload profile instead of exact match: such
+    # figures measure real device costs under assumed acceptance, never the model pair.
+    synthetic_acceptance: str | None = None
 
     @property
     def verify_rows_per_step(self) -> float:
@@ -65,6 +68,6 @@ class EngineStats:
 
     def summary(self) -> dict:
         t = self.totals
-        return {"spec_steps": len(self.steps), "acceptance_length": t.acceptance_length,
+        return {"synthetic_acceptance": self.synthetic_acceptance, "spec_steps": len(self.steps), "acceptance_length": t.acceptance_length,
                 "acceptance_rate": t.acceptance_rate, "verified_rows": t.verified_rows,
                 "accepted": t.accepted, "verify_rows_per_step": self.verify_rows_per_step}

@@ -50,6 +50,34 @@ class InFlight:
     context_len: int
 
 
+class SyntheticAcceptance:
+    """Per-request acceptance drawn from a workload profile (planner/profiles.py): a request
+    quality fixed at its first step and a drifting difficulty, as in the simulator."""
+
+    def __init__(self, model, *, max_depth: int, seed: int):
+        self.model = model
+        self.max_depth = max_depth
+        self.rng = np.random.default_rng(seed)
+        self.state: dict[Request, tuple[float, float]] = {}  # request -> (quality, drift)
+
+    def draw(self, decodes, inputs) -> None:
+        new = [r for r in decodes if r not in self.state]
+        if new:
+            quality = self.rng.normal(self.model.mu, self.model.profile.request_sigma, len(new))
+            drift = self.model.initial_drift(self.rng, len(new))
+            self.state.update({r: (q, z) for r, q, z in zip(new, quality, drift)})
+        quality = np.array([self.state[r][0] for r in decodes])
+        drift = np.array([self.state[r][1] for r in decodes])
+        drift, accepted, conf = self.model.step(self.rng, quality, drift, self.max_depth)
+        for i, request in enumerate(decodes):
+            self.state[request] = (quality[i], drift[i])
+            inputs.synthetic_accept[request.slot] = accepted[i]
+            inputs.synthetic_conf[request.slot] = conf[i]
+
+    def forget(self, request: Request) -> None:
+        self.state.pop(request, None)
+
+
 class SpecBackend:
     def __init__(self, target, drafter, *, config: EngineConfig, cache_len: int,
                  prefill_buckets: tuple[int, ...]):
@@ -65,10 +93,16 @@ class SpecBackend:
             raise ValueError(f"verify_buckets must reach max_num_seqs * (K + 1) = {max_rows}, "
                              f"got {self.verify_buckets}")
         depths = tuple(range(1, k + 1)) if self.policy is Policy.DYNAMIC else (k,)
+        self.synthetic = None
+        if config.synthetic_acceptance:
+            from lightspec_jax.planner.profiles import AcceptanceModel
+            self.synthetic = SyntheticAcceptance(AcceptanceModel.calibrated(
+                config.synthetic_acceptance), max_depth=k, seed=config.seed)
         self.runner = SpecRunner(target, drafter, num_slots=self.num_slots, cache_len=cache_len,
                                  max_depth=k, prefill_buckets=prefill_buckets,
                                  verify_buckets=self.verify_buckets, depths=depths,
-                                 show_progress=config.show_progress)
+                                 show_progress=config.show_progress,
+                                 synthetic=self.synthetic is not None)
         self.target_costs, self.draft_costs, self.profile = self._costs()
         planner_spec = PlannerSpec(verify_buckets=self.verify_buckets, draft_depths=depths,
                                    max_depth=k, drafter_kind=drafter.kind)
@@ -76,7 +110,7 @@ class SpecBackend:
         self.planner = make_planner(self.policy.value, planner_spec,
                                     target_costs=self.target_costs,
                                     draft_costs=self.draft_costs, **options)
-        self.stats = EngineStats()
+        self.stats = EngineStats(synthetic_acceptance=config.synthetic_acceptance)
         self._last_collect = time.perf_counter()
         self._last_conf: np.ndarray | None = None  # [N, K] confidences, a step late (dspark)
 
@@ -150,6 +184,8 @@ class SpecBackend:
             # is an optimisation and the host cuts exactly when it reads the tokens.
             inputs.remaining[slot] = min(p.max_tokens - len(request.output_token_ids),
                                          self.config.max_model_len - request.total_len)
+        if self.synthetic is not None:
+            self.synthetic.draw(decodes, inputs)
         with_proposal = sum(r.proposal_len > 0 for r in decodes)
         confidences = None
         if self.policy is Policy.DSPARK and self._last_conf is not None:
@@ -203,6 +239,8 @@ class SpecBackend:
                                f"row bucket for {len(decodes)} requests")
         new_tokens = []
         for request in decodes:
+            if self.synthetic is not None and request.finished:
+                self.synthetic.forget(request)
             slot, offered = request.slot, flight.proposal_lens[request]
             counts = dict(drafted=offered, verified=int(verified[slot]),
                           accepted=int(accepted[slot]))

@@ -1,15 +1,16 @@
-"""Device side of speculative decoding: a prefill step and a verify-and-draft step per bucket.
+"""Device side of speculative decoding: compiled prefill, verify, draft-commit and draft steps.
 
-One speculative step, all on the device with no host sync:
+One speculative step, all on the device with no host sync in between:
 
-    fill    -> B verify rows: per slot its last token plus the highest prefix-survival drafts
-    target  -> one forward over the B flat rows (cost follows B), aux features for the drafter
-    sample  -> the target's own token per row (argmax, or a sample keyed by position)
-    verify  -> accepted prefix per slot + bonus token
-    commit  -> seq_len += accepted + 1, stop ids / remaining cut what is emitted
-    draft   -> the drafter's commit forward over the verified rows, then d draft steps
+    verify  (per B)  fill -> B verify rows: per slot its last token plus the highest
+                     prefix-survival drafts; target forward over the B flat rows (its cost
+                     follows B); the target's own token per row (argmax, or a sample keyed by
+                     position); accepted prefix + bonus; commit: seq_len += accepted + 1, stop
+                     ids / allowances cut what is emitted
+    commit  (per B)  the drafter's forward over the verified rows (its KV and first draft)
+    draft   (per d)  d draft tokens per slot: the next proposal
 
-The compiled shapes are (B verify rows, d draft depth); everything else is data.
+Three executables instead of one per (B, d) pair: |B| + |B| + |d| compiles, not |B| x |d|.
 Axis legend: N slots, K max depth, B verify rows, T prefill rows, S stop ids per slot.
 """
 
@@ -62,6 +63,10 @@ class SpecInputs(NamedTuple):
     seed: np.ndarray  # uint32
     stop_ids: np.ndarray  # [N, S] int32, -1 padded
     remaining: np.ndarray  # int32: tokens the request may still emit
+    # Synthetic acceptance mode only (ignored otherwise): drafts each slot would have accepted
+    # had its whole proposal been verified, and the confidences the fill ranks rows by.
+    synthetic_accept: np.ndarray  # int32
+    synthetic_conf: np.ndarray  # [N, K] f32
 
 
 class SpecResult(NamedTuple):
@@ -108,10 +113,16 @@ class VerifyOutput(NamedTuple):
 
 
 def _verify_step(target: Qwen3, aux_layers: tuple[int, ...], cache: KVCache, state: SpecState,
-                 inputs: SpecInputs, *, num_rows: int):
-    """fill -> target forward over B flat rows -> per-row target token -> verify -> commit."""
+                 inputs: SpecInputs, *, num_rows: int, synthetic: bool = False):
+    """fill -> target forward over B flat rows -> per-row target token -> verify -> commit.
+
+    synthetic: acceptance and fill confidences come from `inputs.synthetic_*` (a workload
+    profile drawn on the host) instead of exact match; every device cost stays real, but the
+    emitted tokens are not the target's - benchmarks only, labelled wherever reported.
+    """
     num_slots, max_depth = state.draft_tokens.shape
-    layout = fill(state.draft_conf, state.proposal_len, inputs.active, num_rows=num_rows)
+    conf = inputs.synthetic_conf if synthetic else state.draft_conf
+    layout = fill(conf, state.proposal_len, inputs.active, num_rows=num_rows)
     slot = jnp.clip(layout.row_slot, 0, num_slots - 1)  # [B]; padding rows read slot N-1
     offset = layout.row_offset  # [B]
     draft_at = state.draft_tokens[slot, jnp.clip(offset - 1, 0, max_depth - 1)]
@@ -124,6 +135,9 @@ def _verify_step(target: Qwen3, aux_layers: tuple[int, ...], cache: KVCache, sta
     target_tokens = sample(out.logits, inputs.temperature[slot], inputs.top_k[slot],
                            inputs.top_p[slot], inputs.seed[slot], row_pos + 1)  # [B]
     accepted, out_tokens, num_new = verify(target_tokens, layout, state.draft_tokens)
+    if synthetic:
+        accepted, out_tokens, num_new = _synthetic_verify(target_tokens, layout,
+                                                          inputs.synthetic_accept, max_depth)
     hidden = out.aux_hidden if out.aux_hidden is not None else jnp.zeros((num_rows, 1))
     done = commit(out_tokens, num_new, accepted, layout, state.seq_len, inputs.active,
                   inputs.stop_ids, inputs.remaining, hidden)
@@ -141,6 +155,17 @@ def _verify_step(target: Qwen3, aux_layers: tuple[int, ...], cache: KVCache, sta
                         finished=done.finished, accepted=accepted, verified=layout.lengths,
                         stepped=stepped, confidence=state.draft_conf)
     return out.cache, state, handoff, result
+
+
+def _synthetic_verify(target_tokens, layout, accept_full, max_depth):
+    """Accepts each slot's profile-drawn prefix, cut to the drafts actually verified."""
+    accepted = jnp.where(layout.slot_valid, jnp.minimum(accept_full, layout.lengths), 0)
+    offsets = jnp.arange(max_depth + 1)  # [K+1]
+    rows = jnp.clip(layout.row_start[:, None] + offsets[None, :], 0, target_tokens.shape[0] - 1)
+    keep = layout.slot_valid[:, None] & (offsets[None, :] <= accepted[:, None])  # [N, K+1]
+    out_tokens = jnp.where(keep, target_tokens[rows], -1)
+    num_new = jnp.where(layout.slot_valid, accepted + 1, 0)
+    return accepted.astype(jnp.int32), out_tokens.astype(jnp.int32), num_new.astype(jnp.int32)
 
 
 def _draft_step(drafter: Drafter, d_leaves, dcache, state: SpecState, carry, stepped,
@@ -165,7 +190,7 @@ class SpecRunner:
     def __init__(self, target: Qwen3, drafter: Drafter, *, num_slots: int, cache_len: int,
                  max_depth: int, prefill_buckets: tuple[int, ...],
                  verify_buckets: tuple[int, ...], depths: tuple[int, ...],
-                 show_progress: bool = True):
+                 show_progress: bool = True, synthetic: bool = False):
         from flax import nnx
 
         self.num_slots = num_slots
@@ -187,7 +212,8 @@ class SpecRunner:
 
         def verify_step(rows):
             def step(t_leaves, cache, state, inputs):
-                return _verify_step(merge(t_leaves), aux, cache, state, inputs, num_rows=rows)
+                return _verify_step(merge(t_leaves), aux, cache, state, inputs, num_rows=rows,
+                                    synthetic=synthetic)
             return step
 
         def commit_step(d_leaves, dcache, handoff, embed):
@@ -260,7 +286,9 @@ class SpecRunner:
                           top_k=np.zeros((n,), np.int32), top_p=np.ones((n,), np.float32),
                           seed=np.zeros((n,), np.uint32),
                           stop_ids=np.full((n, MAX_STOP_IDS), -1, np.int32),
-                          remaining=np.zeros((n,), np.int32))
+                          remaining=np.zeros((n,), np.int32),
+                          synthetic_accept=np.zeros((n,), np.int32),
+                          synthetic_conf=np.zeros((n, self.max_depth), np.float32))
 
     def run_prefill(self, inputs: StepInputs, extras: PrefillExtras) -> jax.Array:
         rows = inputs.row_slot.shape[0]

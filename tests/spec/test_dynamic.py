@@ -74,3 +74,23 @@ def test_cpu_verify_cost_rises_with_budget(spec_engines):
     half = len(rows) // 2
     assert np.median(ms[half:]) > np.median(ms[:half]), dict(zip(rows, ms))
     assert spearmanr(rows, ms).statistic > 0, dict(zip(rows, ms))
+
+
+def test_synthetic_acceptance_follows_the_profile(target_dir):
+    """Synthetic mode draws acceptance from a calibrated profile: at static K=3 the measured
+    acceptance length approaches the profile's own expectation, and results say so."""
+    from lightspec_jax.planner.profiles import AcceptanceModel
+
+    config = EngineConfig(max_num_seqs=8, verify_buckets=(8, 16, 32),
+                          speculative=SpeculativeConfig(policy="static", num_speculative_tokens=3),
+                          synthetic_acceptance="code", **{**BASE, "max_model_len": 128})
+    engine = Engine(load_qwen3(target_dir), config=config,
+                    drafter=DraftLMDrafter(load_qwen3(target_dir)))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(2, 250, size=8).tolist() for _ in range(24)]
+    outs = engine.generate(prompts, SamplingParams(max_tokens=90, ignore_eos=True))
+    assert all(len(o.token_ids) == 90 for o in outs)
+    summary = engine.stats.summary()
+    assert summary["synthetic_acceptance"] == "code"
+    want = AcceptanceModel.calibrated("code").acceptance_length(3)
+    assert abs(summary["acceptance_length"] - want) < 0.25, (summary, want)
