@@ -99,14 +99,19 @@ def build_step_inputs(batch: ScheduledStep, rows: int, num_slots: int) -> StepIn
             sampling.append((chunk.request, end - 1))
         row = end
     for request, sample_row in sampling:
-        slot, p = request.slot, request.params
-        inputs.sample_row[slot] = sample_row
-        inputs.temperature[slot] = p.temperature
-        inputs.top_k[slot] = p.top_k
-        inputs.top_p[slot] = p.top_p
-        inputs.seed[slot] = request.seed
-        inputs.sample_pos[slot] = request.total_len
+        inputs.sample_row[request.slot] = sample_row
+        inputs.sample_pos[request.slot] = request.total_len
+        set_sampling(inputs, request)
     return inputs
+
+
+def set_sampling(inputs, request: Request) -> None:
+    """Writes a request's sampling parameters into its slot of per-slot input arrays."""
+    slot, p = request.slot, request.params
+    inputs.temperature[slot] = p.temperature
+    inputs.top_k[slot] = p.top_k
+    inputs.top_p[slot] = p.top_p
+    inputs.seed[slot] = request.seed
 
 
 def abstract(tree):

@@ -22,7 +22,7 @@ from .config import EngineConfig, Policy
 from .metrics import EngineStats, SpecCounters, StepRecord
 from .profiling import profile_costs
 from .request import Request
-from .runner import build_step_inputs
+from .runner import build_step_inputs, set_sampling
 from .scheduler import ScheduledStep
 from .spec_runner import PrefillExtras, SpecResult, SpecRunner
 
@@ -174,10 +174,7 @@ class SpecBackend:
         for request in decodes:
             slot, p = request.slot, request.params
             inputs.active[slot] = True
-            inputs.temperature[slot] = p.temperature
-            inputs.top_k[slot] = p.top_k
-            inputs.top_p[slot] = p.top_p
-            inputs.seed[slot] = request.seed
+            set_sampling(inputs, request)
             stops = sorted(request.stop_ids)
             inputs.stop_ids[slot, :len(stops)] = stops
             # Host counts lag one step under overlap, so this may overestimate; the device cut
