@@ -27,7 +27,7 @@ from flax import nnx
 from lightspec_jax.models import Eagle3, Eagle3Config, Qwen3Config
 from lightspec_jax.models.config import ConfigError, rope_theta_from_hf
 
-from .qwen3 import (FROM_HEADS, IDENTITY, TO_HEADS, TRANSPOSE, Transform, _read, _variable,
+from .qwen3 import (ATTENTION_MLP_MAP, IDENTITY, TRANSPOSE, Transform, _read, _variable,
                     resolve_dtype)
 from .safetensors_io import INDEX_FILE, SINGLE_FILE, CheckpointError, TensorReader, read_json
 
@@ -50,16 +50,8 @@ GLOBAL_MAP = {
 LAYER_MAP = {
     "input_layernorm.weight": ("input_layernorm", IDENTITY),
     "hidden_norm.weight": ("hidden_norm", IDENTITY),
-    "self_attn.q_proj.weight": ("q_proj", TO_HEADS),
-    "self_attn.k_proj.weight": ("k_proj", TO_HEADS),
-    "self_attn.v_proj.weight": ("v_proj", TO_HEADS),
-    "self_attn.o_proj.weight": ("o_proj", FROM_HEADS),
-    "self_attn.q_norm.weight": ("q_norm", IDENTITY),
-    "self_attn.k_norm.weight": ("k_norm", IDENTITY),
     "post_attention_layernorm.weight": ("post_attention_layernorm", IDENTITY),
-    "mlp.gate_proj.weight": ("gate_proj", TRANSPOSE),
-    "mlp.up_proj.weight": ("up_proj", TRANSPOSE),
-    "mlp.down_proj.weight": ("down_proj", TRANSPOSE),
+    **ATTENTION_MLP_MAP,
 }
 _IGNORED = re.compile(r"^(t2d|verifier_.*|.*rotary_emb\.inv_freq)$")
 _EXTRA_LAYER = re.compile(r"^(layers\.[1-9]\d*|midlayer\.?[1-9]\d*)\.")

@@ -52,19 +52,24 @@ GLOBAL_MAP = {
     "model.norm.weight": ("norm", IDENTITY),
     "lm_head.weight": ("lm_head", TRANSPOSE),
 }
-# HF name under model.layers.{i}. -> (our stacked path under layers., transform)
-LAYER_MAP = {
-    "input_layernorm.weight": ("input_norm", IDENTITY),
+# Attention and MLP of a Llama/Qwen3-style decoder layer: HF suffix -> (our name, transform).
+# Shared by the Qwen3 target and the Eagle3 drafter, whose layers differ only in their norms.
+ATTENTION_MLP_MAP = {
     "self_attn.q_proj.weight": ("q_proj", TO_HEADS),
     "self_attn.k_proj.weight": ("k_proj", TO_HEADS),
     "self_attn.v_proj.weight": ("v_proj", TO_HEADS),
     "self_attn.o_proj.weight": ("o_proj", FROM_HEADS),
     "self_attn.q_norm.weight": ("q_norm", IDENTITY),
     "self_attn.k_norm.weight": ("k_norm", IDENTITY),
-    "post_attention_layernorm.weight": ("post_norm", IDENTITY),
     "mlp.gate_proj.weight": ("gate_proj", TRANSPOSE),
     "mlp.up_proj.weight": ("up_proj", TRANSPOSE),
     "mlp.down_proj.weight": ("down_proj", TRANSPOSE),
+}
+# HF name under model.layers.{i}. -> (our stacked path under layers., transform)
+LAYER_MAP = {
+    "input_layernorm.weight": ("input_norm", IDENTITY),
+    "post_attention_layernorm.weight": ("post_norm", IDENTITY),
+    **ATTENTION_MLP_MAP,
 }
 _LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # Buffers some exporters store that carry no parameters.
