@@ -41,7 +41,7 @@ def cached_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, layer
     length. Each row gathers its own slot's block, so a request's KV is read once per row; the
     GPU kernel reads it once per request instead.
     """
-    if use_pallas(None):
+    if use_pallas(None, op="verify_attention"):
         # The whole [L, ...] cache plus the layer index: a cache_k[layer] slice inside the
         # layer scan would be materialised as a copy of the layer's cache for the custom call.
         return verify_attention(q, cache_k, cache_v, slots, positions, layer=layer)

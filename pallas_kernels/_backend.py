@@ -12,6 +12,7 @@ Triton wants power-of-two tensor sizes, so ops pad their axes with ``pow2_at_lea
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Literal
 
 import jax
@@ -21,20 +22,41 @@ Impl = Literal["pallas", "reference"] | None
 
 _IMPLS = ("pallas", "reference", None)
 
+# The ops with a Pallas kernel, by the name LIGHTSPEC_REFERENCE_OPS uses.
+OPS = ("fill", "verify", "commit", "verify_attention")
+# Comma-separated op names (or "all") whose jnp reference runs even on a GPU: the escape hatch
+# when a kernel misbehaves on some GPU/jax combination (the device check uses it as fallback).
+REFERENCE_OPS_ENV = "LIGHTSPEC_REFERENCE_OPS"
+
+
+def reference_ops() -> frozenset[str]:
+    """The ops LIGHTSPEC_REFERENCE_OPS forces onto their reference (read at trace time)."""
+    names = {n.strip() for n in os.environ.get(REFERENCE_OPS_ENV, "").split(",") if n.strip()}
+    if "all" in names:
+        return frozenset(OPS)
+    unknown = names - set(OPS)
+    if unknown:
+        raise ValueError(f"{REFERENCE_OPS_ENV} names unknown ops {sorted(unknown)}; "
+                         f"known: {', '.join(OPS)} or all")
+    return frozenset(names)
+
 # The verify width K+1 is at most 16 (LightSpec's MTP limit); every op pads it to exactly this.
 MAX_WIDTH = 16
 
 
-def use_pallas(impl: Impl = None, *, interpret: bool = False) -> bool:
+def use_pallas(impl: Impl = None, *, interpret: bool = False, op: str | None = None) -> bool:
     """Whether an op should run its Pallas kernel (True) or its jnp reference (False).
 
     ``impl=None`` means: the kernel on a GPU backend, the reference elsewhere, unless
-    ``interpret=True`` asks for the kernel in interpret mode. An explicit ``impl`` wins.
+    ``interpret=True`` asks for the kernel in interpret mode or LIGHTSPEC_REFERENCE_OPS names
+    ``op``. An explicit ``impl`` wins over both.
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     if impl is not None:
         return impl == "pallas"
+    if op is not None and op in reference_ops():
+        return False
     return interpret or jax.default_backend() == "gpu"
 
 

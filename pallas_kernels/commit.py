@@ -217,7 +217,7 @@ def commit(
     _check_commit_args(
         out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining, hidden
     )
-    if not use_pallas(impl, interpret=interpret):
+    if not use_pallas(impl, interpret=interpret, op="commit"):
         return commit_reference(
             out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining, hidden
         )

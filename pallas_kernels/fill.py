@@ -125,6 +125,13 @@ def fill_reference(
     )
 
 
+def _total(x: jax.Array) -> jax.Array:
+    """Sum of a 2-D tile, one axis at a time: jax 0.11's Triton lowering of a two-axis
+    reduction builds a 1-D intermediate with the 2-D operand's sharding and fails under a mesh
+    (seen in the CUDA-lowering test under an abstract H200 mesh)."""
+    return jnp.sum(jnp.sum(x, axis=1), axis=0)
+
+
 def _select_kernel(
     conf_ref,  # f32[Np, 16]; column j >= 1 holds conf[:, j-1]
     plen_ref,  # i32[Np] clipped to [0, K]
@@ -154,7 +161,7 @@ def _select_kernel(
     # from the top. With fewer than B candidates it stays 0 and every candidate is kept.
     def add_bit(i, threshold):
         trial = threshold | jnp.left_shift(jnp.int32(1), 30 - i)
-        enough = jnp.sum((key >= trial).astype(jnp.int32)) >= num_rows
+        enough = _total((key >= trial).astype(jnp.int32)) >= num_rows
         return jnp.where(enough, trial, threshold)
 
     threshold = lax.fori_loop(0, 31, add_bit, jnp.int32(0))
@@ -163,7 +170,7 @@ def _select_kernel(
     tie = (key == threshold).astype(jnp.int32)  # [Np, 16]; candidate keys are >= 0 > -1
     tie_in_slot = jnp.sum(tie, axis=1)  # [Np]
     tie_rank = (jnp.cumsum(tie_in_slot) - tie_in_slot)[:, None] + jnp.cumsum(tie, axis=1) - tie
-    budget_left = num_rows - jnp.sum(above.astype(jnp.int32))
+    budget_left = num_rows - _total(above.astype(jnp.int32))
     chosen = above | ((tie != 0) & (tie_rank < budget_left))  # [Np, 16]
 
     counts = jnp.sum(chosen.astype(jnp.int32), axis=1)  # [Np]
@@ -219,7 +226,7 @@ def fill(
     (``slot_valid`` False, no drafts verified).
     """
     _check_fill_args(confidences, proposal_len, active, num_rows)
-    if not use_pallas(impl, interpret=interpret):
+    if not use_pallas(impl, interpret=interpret, op="fill"):
         return fill_reference(confidences, proposal_len, active, num_rows=num_rows)
 
     num_rows = int(num_rows)

@@ -115,7 +115,7 @@ def verify(
       num_new: i32[N] accepted + 1 for slots with rows, 0 otherwise.
     """
     _check_verify_args(target_tokens, fill, draft_tokens)
-    if not use_pallas(impl, interpret=interpret):
+    if not use_pallas(impl, interpret=interpret, op="verify"):
         return verify_reference(target_tokens, fill, draft_tokens)
 
     n, k = draft_tokens.shape

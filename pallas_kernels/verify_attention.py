@@ -200,7 +200,7 @@ def verify_attention(
     """
     _check_args(q, k_cache, v_cache, row_slot, row_pos, layer)
     row_slot, row_pos = row_slot.astype(jnp.int32), row_pos.astype(jnp.int32)
-    if not use_pallas(impl, interpret=interpret):
+    if not use_pallas(impl, interpret=interpret, op="verify_attention"):
         return verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, layer=layer)
 
     if layer is None:

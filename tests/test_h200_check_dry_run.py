@@ -30,15 +30,18 @@ def test_dry_run_writes_every_section(tmp_path):
     assert tests["tests"] >= 1 and tests["failures"] == tests["errors"] == 0
 
     kernels = {row["kernel"] for row in results["kernel_timings"]}
-    assert kernels == {"fill", "verify", "commit", "verify_attention"}
+    assert kernels == {"fill", "verify", "commit", "vocab_argmax (XLA)", "verify_attention"}
+    assert not any("error" in row for row in results["kernel_timings"])
+    assert results["reference_ops"] == []
 
     assert set(results["verify_step"]) == {"qwen3-14b", "qwen3-0.6b"}
     for model in results["verify_step"].values():
         assert [row["B"] for row in model["rows"]] == [4, 8]
         for row in model["rows"]:
             assert row["ms"] > 0 and row["roofline_ms"] > 0 and row["bound"] in ("memory", "compute")
+            assert row["attention"] == "xla"  # the model's attention on CPU
 
     policies = [row["policy"] for row in results["serving"]]
-    assert policies == ["static K=3", "static K=11", "dynamic K=11"]
+    assert policies == ["static K=11", "dynamic K=11", "static K=3", "none"]
     assert all(row["tok_s"] > 0 and row["c"] == 4 for row in results["serving"])
     assert "kernel tests:" in (tmp_path / "summary.txt").read_text()

@@ -26,6 +26,11 @@ def _compiled_kernels_on_device():
     if not ON_DEVICE:
         yield
         return
+    import jax
+
+    if jax.default_backend() != "gpu":
+        raise pytest.UsageError("LIGHTSPEC_KERNELS_ON_DEVICE=1 needs a GPU backend (set "
+                                f"JAX_PLATFORMS=cuda); got {jax.default_backend()!r}")
     compiled = pl.pallas_call
 
     def pallas_call(*args, **kwargs):

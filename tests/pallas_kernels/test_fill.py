@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightspec_jax.pallas_kernels import FillResult, fill, fill_reference
-from lightspec_jax.pallas_kernels._backend import use_pallas
+from lightspec_jax.pallas_kernels._backend import OPS, use_pallas
 
 # (N, K, B): every N in {1, 3, 8, 32} and K in {1, 3, 7, 11, 15}; B from N to N(K+1).
 SWEEP = [
@@ -168,3 +168,17 @@ def test_backend_selection():
     assert use_pallas(None) == (__import__("jax").default_backend() == "gpu")
     with pytest.raises(ValueError, match="impl"):
         use_pallas("triton")
+
+
+def test_reference_ops_override(monkeypatch):
+    """LIGHTSPEC_REFERENCE_OPS sends the named ops to their reference; an explicit impl wins."""
+    monkeypatch.setenv("LIGHTSPEC_REFERENCE_OPS", "fill, verify_attention")
+    assert not use_pallas(None, interpret=True, op="fill")
+    assert not use_pallas(None, interpret=True, op="verify_attention")
+    assert use_pallas(None, interpret=True, op="verify")
+    assert use_pallas("pallas", op="fill")
+    monkeypatch.setenv("LIGHTSPEC_REFERENCE_OPS", "all")
+    assert not any(use_pallas(None, interpret=True, op=op) for op in OPS)
+    monkeypatch.setenv("LIGHTSPEC_REFERENCE_OPS", "fil")
+    with pytest.raises(ValueError, match="fil"):
+        use_pallas(None, op="fill")
