@@ -68,6 +68,7 @@ class Plan:
     serve_c: int
     serve_prompt_len: int
     serve_new_tokens: int
+    serve_prefill_tokens: int  # max_num_batched_tokens: a wave's prompts in a step or two
     serve_shape: dict
     serve_dtype: str
     serve_buckets: tuple[int, ...]  # verify buckets as multiples of c (plus c * (K+1))
@@ -85,7 +86,8 @@ H200_PLAN = Plan(
     dry_run=False, deadline_s=420, test_filter=None, slots=256, depth=11,
     attn_shape=dict(Q=40, G=8, D=128, S=4096), context=512, cache_len=1024,
     batches=(256, 512, 1024, 2048, 3072), models={"qwen3-14b": QWEN3_14B, "qwen3-0.6b": QWEN3_06B},
-    serve_c=256, serve_prompt_len=32, serve_new_tokens=64, serve_shape=QWEN3_06B,
+    serve_c=256, serve_prompt_len=32, serve_new_tokens=128, serve_prefill_tokens=8192,
+    serve_shape=QWEN3_06B,
     serve_dtype="bfloat16", serve_buckets=(1, 2, 4, 8), serve_policies=SERVE_POLICIES,
     compare_xla_batches=(256, 3072), vocab=151936, test_workers=4, test_timeout_s=170,
     repeats=10)
@@ -93,11 +95,12 @@ DRY_PLAN = Plan(
     dry_run=True, deadline_s=240, test_filter="N4-S64 and f32", slots=4, depth=3,
     attn_shape=dict(Q=4, G=2, D=32, S=64), context=16, cache_len=64, batches=(4, 8),
     models={"qwen3-14b": TINY, "qwen3-0.6b": TINY}, serve_c=4, serve_prompt_len=8,
-    serve_new_tokens=8, serve_shape=TINY, serve_dtype="float32", serve_buckets=(1,),
+    serve_new_tokens=8, serve_prefill_tokens=128, serve_shape=TINY, serve_dtype="float32", serve_buckets=(1,),
     serve_policies=SERVE_POLICIES, compare_xla_batches=(4,), vocab=512, test_workers=0,
     test_timeout_s=90, repeats=2)
 
 
+SECTIONS = ("kernel_tests", "kernel_timings", "verify_step", "serving")
 KERNEL_TEST_OPS = {"test_fill": "fill", "test_verify": "verify", "test_commit": "commit",
                    "test_verify_attention": "verify_attention"}
 
@@ -404,7 +407,7 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
             max_num_seqs=c, dtype=plan.serve_dtype, verify_buckets=buckets,
             speculative=SpeculativeConfig(policy=policy, num_speculative_tokens=max(k, 1)),
             max_model_len=plan.serve_prompt_len + plan.serve_new_tokens + 1,
-            max_num_batched_tokens=max(128, c), show_progress=False,
+            max_num_batched_tokens=plan.serve_prefill_tokens, show_progress=False,
             compilation_cache_dir=cache_dir, synthetic_acceptance="chat")
         try:
             engine = Engine(target, config=config, drafter=drafter if policy != "none" else None)
@@ -414,7 +417,11 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
             row = {"error": last_line(exc)}
             traceback.print_exc()
             startup_s = time.perf_counter() - start
+        else:
+            row.update(step_diagnostics(engine))
         row.update(c=c, policy=label, startup_s=startup_s, profile="chat",
+                   prompts=len(prompts), prompt_len=plan.serve_prompt_len,
+                   new_tokens=plan.serve_new_tokens,
                    target=("qwen3-0.6b-shaped" if not plan.dry_run else "tiny") + " random")
         rows.append(row)
         publish(rows)
@@ -423,10 +430,35 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
     return rows
 
 
+def step_diagnostics(engine) -> dict:
+    """Where a serving run's time went: steps by (bucket, depth) with their median wall ms,
+    next to the start-up sweep's device-cost table and the planner's table after the run."""
+    import statistics
+
+    out = {}
+    if engine.stats is not None and engine.stats.steps:
+        groups = {}
+        for s in engine.stats.steps:
+            groups.setdefault((s.verify_rows, s.draft_depth), []).append(s.seconds * 1e3)
+        out["steps_by_bucket_depth"] = [
+            {"B": b, "d": d, "steps": len(ms), "median_ms": statistics.median(ms)}
+            for (b, d), ms in sorted(groups.items())]
+    backend = engine.backend
+    if getattr(backend, "profile", None) is not None:
+        out["sweep"] = backend.profile.summary()
+    planner = getattr(backend, "planner", None)
+    for name in ("target_costs", "draft_costs"):
+        table = getattr(planner, name, None)
+        if table is not None and hasattr(table, "rows"):
+            out[f"planner_{name}_after"] = {b: table.estimate(b) for b in table.rows}
+    return out
+
+
 def summary_text(results: dict) -> str:
     lines = [f"h200_check ({'dry run, CPU' if results['dry_run'] else 'H200'}) "
              f"jax {results['env'].get('jax')} backend {results['env'].get('backend')} "
-             f"devices {results['env'].get('devices')}"]
+             f"devices {results['env'].get('devices')} XLA_FLAGS "
+             f"{results['env'].get('xla_flags')!r}"]
     t = results.get("kernel_tests") or {}
     if "tests" in t:
         lines.append(f"kernel tests: {t['tests']} run, {t['failures']} failed, {t['errors']} "
@@ -466,7 +498,8 @@ def summary_text(results: dict) -> str:
         lines.append(f"ERROR in {name}: {err.strip().splitlines()[-1] if err else ''}")
     if "total_s" in results:
         lines.append(f"total {results['total_s']:.0f} s; sections "
-                     + ", ".join(f"{k} {v:.0f} s" for k, v in results["section_s"].items()))
+                     + ", ".join(f"{k} {v:.0f} s" for k, v in results["section_s"].items()
+                                 if v is not None))
     return "\n".join(lines) + "\n"
 
 
@@ -476,8 +509,14 @@ def main(argv=None) -> dict:
     parser.add_argument("out_dir")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, interpret mode, tiny shapes (a test of this script)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS,
+                        help="run only these sections (a rerun after a fix)")
+    parser.add_argument("--deadline-s", type=float,
+                        help="override the plan's deadline (seconds from the start)")
     args = parser.parse_args(argv)
     plan = DRY_PLAN if args.dry_run else H200_PLAN
+    if args.deadline_s is not None:
+        plan = dataclasses.replace(plan, deadline_s=args.deadline_s)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     deadline = start + plan.deadline_s
@@ -508,11 +547,15 @@ def main(argv=None) -> dict:
         ("serving", lambda: run_serving(plan, deadline, publisher("serving"))),
     ]
     for name, section in sections:
+        if name not in args.only:
+            results["section_s"][name] = None  # not asked for in this run
+            continue
         if name != "kernel_tests" and not results["env"]:
             import jax
 
             results["env"] = {"jax": jax.__version__, "backend": jax.default_backend(),
-                              "devices": [d.device_kind for d in jax.devices()]}
+                              "devices": [d.device_kind for d in jax.devices()],
+                              "xla_flags": os.environ.get("XLA_FLAGS", "")}
         section_start = time.perf_counter()
         try:
             # Later sections trace with the failed kernels' references.

@@ -19,11 +19,12 @@ cd "$root"
 "$py" -m pip install --quiet --no-deps --no-build-isolation -e . >"$out_dir/pip.log" 2>&1 \
   || { echo "pip install failed, see $out_dir/pip.log" >&2; exit 1; }
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-# XLA's GEMM autotuning costs tens of seconds per compiled shape and the check compiles ~30
-# shapes in its 8 minutes: use the library heuristics instead (kept only if XLA knows the flag,
-# since an unknown XLA flag aborts the process).
+# GEMMs go to cuBLAS with its own heuristics, not autotuned: the check compiles ~40 shapes in
+# its 8 minutes. (Autotuning off alone left XLA's Triton GEMMs on a default tile: the first H200
+# run measured 13 TFLOP/s in the Qwen3-14B verify step.) The flags are kept only if XLA knows
+# them, since an unknown XLA flag aborts the process.
 if [[ " $* " != *" --dry-run "* ]]; then
-  flag="--xla_gpu_autotune_level=0"
+  flag="--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0"
   if XLA_FLAGS="${XLA_FLAGS:-} $flag" "$py" -c "import jax; jax.numpy.ones(4).block_until_ready()" \
       >/dev/null 2>&1; then
     export XLA_FLAGS="${XLA_FLAGS:-} $flag"

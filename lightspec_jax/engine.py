@@ -28,9 +28,11 @@ from .tokenizer import Tokenizer, load_eos_ids
 log = logging.getLogger(__name__)
 
 
-def _cache_len(max_model_len: int, block: int = 128) -> int:
-    """KV strip length: whole attention blocks, so reads stop at the live context."""
-    return max_model_len if max_model_len <= block else -(-max_model_len // block) * block
+def _cache_len(max_model_len: int, block: int = 128, granule: int = 16) -> int:
+    """KV strip length: whole attention blocks, so reads stop at the live context; short
+    strips are one block rounded up to ``granule`` (the GPU attention kernel's smallest tile)."""
+    step = granule if max_model_len <= block else block
+    return -(-max_model_len // step) * step
 
 
 class Engine:
