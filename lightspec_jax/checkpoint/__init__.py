@@ -8,7 +8,7 @@ from lightspec_jax.models import Qwen3
 
 from .converted import is_converted, read_marker, restore_params, save_converted
 from .qwen3 import abstract_qwen3, load_qwen3_hf, read_qwen3_config, resolve_dtype, save_qwen3_hf
-from .safetensors_io import CheckpointError, TensorReader
+from .safetensors_io import CheckpointError, TensorReader, read_json
 
 __all__ = ["CheckpointError", "TensorReader", "convert_qwen3", "is_converted", "load_qwen3",
            "save_qwen3_hf"]
@@ -47,6 +47,31 @@ def convert_qwen3(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16") -> Qwen
     return model
 
 
-from .eagle3 import load_eagle3, save_eagle3_hf  # noqa: E402
+from .eagle3 import (LEGACY_ARCHITECTURES, SPECULATORS_ARCHITECTURES,  # noqa: E402
+                     load_eagle3, save_eagle3_hf)
 
-__all__ += ["load_eagle3", "save_eagle3_hf"]
+__all__ += ["DRAFT_LM", "EAGLE3", "drafter_kind", "load_eagle3", "save_eagle3_hf"]
+
+EAGLE3, DRAFT_LM = "eagle3", "draft_lm"
+
+
+def drafter_kind(path: str) -> str:
+    """What a drafter directory holds, from its config.json: EAGLE3 (either Eagle3 layout) or
+    DRAFT_LM (an ordinary Qwen3 causal LM, Hugging Face or converted, drafting on its own)."""
+    from lightspec_jax.models.config import SUPPORTED_ARCHITECTURES
+
+    if not os.path.isdir(path):
+        raise CheckpointError(f"drafter path {path!r} is not a directory")
+    config_path = os.path.join(path, "config.json")
+    hf = read_json(config_path)
+    archs = hf.get("architectures") or []
+    eagle3 = LEGACY_ARCHITECTURES + SPECULATORS_ARCHITECTURES
+    if any(a in eagle3 for a in archs) or "speculators_model_type" in hf:
+        return EAGLE3
+    if any(a in SUPPORTED_ARCHITECTURES for a in archs) or (
+            not archs and hf.get("model_type") == "qwen3"):
+        return DRAFT_LM
+    raise CheckpointError(
+        f"{config_path}: unsupported drafter architecture: architectures={archs!r}, "
+        f"model_type={hf.get('model_type')!r}; expected an Eagle3 drafter ({', '.join(eagle3)}) "
+        f"or a Qwen3 draft LM ({', '.join(SUPPORTED_ARCHITECTURES)})")

