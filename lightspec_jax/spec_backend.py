@@ -48,6 +48,30 @@ class InFlight:
     proposal_lens: dict  # request -> drafts its proposal offered at this step
     dispatched_at: float
     context_len: int
+    # The device was still running earlier work (the previous step's drafting) when this
+    # step's speculative work was enqueued: no idle gap before it.
+    busy_at_enqueue: bool = False
+
+
+def device_interval_ms(*, previous_ready: float | None, previous_waited: bool,
+                       busy_at_enqueue: bool, waited: bool, ready: float,
+                       has_prefill: bool) -> float | None:
+    """Device time of one speculative step from host timestamps, or None when it is unknown.
+
+    The host reads a step's results when its verify is done (`ready`), while the draft run
+    dispatched with it goes on. Between two reads the device ran the previous step's draft run
+    and this step's verify - one step's work - but only if it never idled in between, which the
+    host can tell without syncing: it waited for both reads (the device was busy at each ready
+    time, so each marks a verify's end) and, when it enqueued this step, the previous draft run
+    was not finished (no gap). A host-bound loop (the device done before the host asks) gives
+    no sample: its intervals time host work, which says nothing about a bucket's cost. A step
+    that also prefills has that prefill in the interval and gives none either.
+    """
+    if previous_ready is None or has_prefill:
+        return None
+    if not (previous_waited and busy_at_enqueue and waited):
+        return None
+    return 1e3 * (ready - previous_ready)
 
 
 class SyntheticAcceptance:
@@ -103,15 +127,20 @@ class SpecBackend:
                                  verify_buckets=self.verify_buckets, depths=depths,
                                  show_progress=config.show_progress,
                                  synthetic=self.synthetic is not None)
-        self.target_costs, self.draft_costs, self.profile = self._costs()
+        self.target_costs, self.draft_costs, self.depth_costs, self.profile = self._costs()
         planner_spec = PlannerSpec(verify_buckets=self.verify_buckets, draft_depths=depths,
                                    max_depth=k, drafter_kind=drafter.kind)
         options = {"depth": k} if self.policy is Policy.STATIC else {}
         self.planner = make_planner(self.policy.value, planner_spec,
                                     target_costs=self.target_costs,
-                                    draft_costs=self.draft_costs, **options)
+                                    draft_costs=self.draft_costs,
+                                    depth_costs=self.depth_costs, **options)
         self.stats = EngineStats(synthetic_acceptance=config.synthetic_acceptance)
-        self._last_collect = time.perf_counter()
+        # The last read's time, whether the host waited for it, and the speculative plan it
+        # read (None for a prefill-only step): device_interval_ms() for the online refresh.
+        self._last_ready: float | None = None
+        self._last_waited = False
+        self._last_plan: StepPlan | None = None
         self._last_conf: np.ndarray | None = None  # [N, K] confidences, a step late (dspark)
 
     @property
@@ -121,22 +150,28 @@ class SpecBackend:
     def _costs(self):
         path = self.config.cost_table_path
         if self.policy is Policy.STATIC and not path:
-            return CostTable(), CostTable(), None  # full width needs no prices
+            return CostTable(), CostTable(), CostTable(), None  # full width needs no prices
         if path and os.path.isfile(path):
             with open(path) as f:
                 data = json.load(f)
-            return CostTable.from_json(data["target"]), CostTable.from_json(data["draft"]), None
+            # Files written before the depth table existed price drafting per forward.
+            depth = CostTable.from_json(data["depth"]) if "depth" in data else CostTable()
+            return (CostTable.from_json(data["target"]), CostTable.from_json(data["draft"]),
+                    depth, None)
         profile = profile_costs(self.runner, show_progress=self.config.show_progress)
         if path:
             with open(path, "w") as f:
                 json.dump({"target": profile.target.to_json(), "draft": profile.draft.to_json(),
-                           "profile": profile.summary()}, f, indent=1)
-        return profile.target, profile.draft, profile
+                           "depth": profile.depth.to_json(), "profile": profile.summary()},
+                          f, indent=1)
+        return profile.target, profile.draft, profile.depth, profile
 
     # --- dispatch (no device reads) ---------------------------------------------------------
 
     def dispatch(self, batch: ScheduledStep) -> InFlight:
         start = time.perf_counter()
+        # The state the previous draft run writes: not ready yet means the device is busy.
+        busy = not self.runner.state.proposal_len.is_ready()
         prefill_requests, prefill_tokens = [], None
         if batch.prefills:
             prefill_requests, prefill_tokens = self._dispatch_prefill(batch)
@@ -146,7 +181,7 @@ class SpecBackend:
         if batch.decodes:
             plan, result, proposal_lens = self._dispatch_spec(batch.decodes, context)
         return InFlight(prefill_requests, prefill_tokens, batch.decodes, plan, result,
-                        proposal_lens, start, context)
+                        proposal_lens, start, context, busy_at_enqueue=busy)
 
     def _dispatch_prefill(self, batch: ScheduledStep):
         prefill_only = ScheduledStep(decodes=(), prefills=batch.prefills)
@@ -195,38 +230,36 @@ class SpecBackend:
             request.proposal_len = plan.draft_depth
         return plan, result, proposal_lens
 
-    def _measured_target_ms(self, flight: InFlight, ready: float) -> float | None:
-        """The step's device time less the draft table's estimate, for the online refresh.
-
-        The device worked on this step from its dispatch or from the previous step's end,
-        whichever came later, until its results were ready."""
-        costs = self.planner.draft_costs
-        if not self.config.refresh_costs or costs.is_empty:
-            return None
-        plan = flight.plan
-        device_ms = 1e3 * (ready - max(flight.dispatched_at, self._last_collect))
-        draft_ms = costs.estimate(plan.verify_rows) + (
-            plan.draft_depth - 1) * costs.estimate(plan.num_requests)
-        return max(device_ms - draft_ms, 1e-3)
-
     # --- collect (reads the device) ---------------------------------------------------------
 
     def collect(self, flight: InFlight) -> list[tuple[Request, list[int]]]:
+        last = flight.result.num_emitted if flight.result is not None else flight.prefill_tokens
+        waited = last is not None and not last.is_ready()
         new_tokens = []
         if flight.prefill_requests:
             tokens = np.asarray(flight.prefill_tokens)
             new_tokens += [(r, [int(tokens[r.slot])]) for r in flight.prefill_requests]
         if flight.result is not None:
-            new_tokens += self._collect_spec(flight)
-        self._last_collect = time.perf_counter()
+            new_tokens += self._collect_spec(flight, waited)
+        else:
+            self._last_ready, self._last_waited, self._last_plan = (
+                time.perf_counter(), waited, None)
         return new_tokens
 
-    def _collect_spec(self, flight: InFlight):
+    def _collect_spec(self, flight: InFlight, waited: bool):
         result, plan, decodes = flight.result, flight.plan, flight.decodes
         out_tokens, emitted, accepted, verified, stepped = (
             np.asarray(x) for x in (result.out_tokens, result.num_emitted, result.accepted,
                                     result.verified, result.stepped))
         ready = time.perf_counter()
+        step_ms = None
+        if self.config.refresh_costs and self._last_plan is not None:
+            step_ms = device_interval_ms(
+                previous_ready=self._last_ready, previous_waited=self._last_waited,
+                busy_at_enqueue=flight.busy_at_enqueue, waited=waited, ready=ready,
+                has_prefill=flight.prefill_tokens is not None)
+        draft_plan = self._last_plan
+        self._last_ready, self._last_waited, self._last_plan = ready, waited, plan
         if self.policy is Policy.DSPARK:
             self._last_conf = np.asarray(result.confidence)
         slots = np.array([r.slot for r in decodes])
@@ -246,7 +279,7 @@ class SpecBackend:
             new_tokens.append((request, out_tokens[slot, :emitted[slot]].tolist()))
         self.planner.observe(StepObservation(
             plan=plan, accept_lens=accepted[slots] + 1, context_len=flight.context_len,
-            target_ms=self._measured_target_ms(flight, ready)))
+            step_ms=step_ms, draft_plan=draft_plan if step_ms is not None else None))
         self.stats.steps.append(StepRecord(
             num_requests=len(decodes), verify_rows=plan.verify_rows,
             used_rows=int((verified[slots] + 1).sum()), draft_depth=plan.draft_depth,

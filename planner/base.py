@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from .costs import CostTable
-from .objective import split_draft_ms
+from .objective import draft_forwards, split_measured_ms
 from .types import PlannerSpec, StepObservation, StepPlan
 
 
@@ -29,12 +29,19 @@ class BasePlanner:
     name = "base"
 
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
-                 draft_costs: CostTable | None = None, refresh_costs: bool = True) -> None:
+                 draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
+                 refresh_costs: bool = True) -> None:
+        """target_costs: verify ms by rows B. draft_costs: ms of the drafter's first forward by
+        rows (over the B verified rows; also each further depth over N rows unless depth_costs
+        is given). depth_costs (optional): ms of the whole drafting stage after that first
+        forward, keyed by depth d, for engines that time it per depth (objective.draft_cost_ms).
+        """
         if not isinstance(spec, PlannerSpec):
             raise TypeError(f"spec must be a PlannerSpec, got {type(spec).__name__}")
         self.spec = spec
         self.target_costs = target_costs if target_costs is not None else CostTable()
         self.draft_costs = draft_costs if draft_costs is not None else CostTable()
+        self.depth_costs = depth_costs if depth_costs is not None else CostTable()
         self.refresh_costs = refresh_costs
         self.steps = 0  # plan() calls so far
         self._depth = 0  # depth of the proposal the next step verifies (0: none yet)
@@ -99,16 +106,35 @@ class BasePlanner:
         if context is not None:
             self._context = float(context)
         if self.refresh_costs:
-            if obs.target_ms is not None:
-                self.target_costs.update(plan.verify_rows, obs.target_ms, context)
-            if obs.draft_ms is not None:
-                for rows, ms in split_draft_ms(
-                        self.spec, self.draft_costs, measured_ms=obs.draft_ms,
-                        num_requests=plan.num_requests, verify_rows=plan.verify_rows,
-                        depth=plan.draft_depth, context_len=context):
-                    self.draft_costs.update(rows, ms, context)
+            self._refresh(obs, context)
         if plan.update_stats:
             self._record(obs, accept)
+
+    def _refresh(self, obs: StepObservation, context: float | None) -> None:
+        """Fold measured times into the cost tables (EMA per cell)."""
+        plan = obs.plan
+        drafted = plan
+        if obs.step_ms is not None and obs.draft_plan is not None:
+            drafted = obs.draft_plan
+            if drafted.num_requests == 0:  # nothing was drafted: the interval is the verify's
+                drafted = None
+        tables = {"target": self.target_costs, "draft": self.draft_costs,
+                  "depth": self.depth_costs}
+        draft_parts = [] if drafted is None else draft_forwards(
+            self.spec, num_requests=drafted.num_requests, verify_rows=drafted.verify_rows,
+            depth=drafted.draft_depth, with_stage=not self.depth_costs.is_empty)
+        measured = []  # (parts, ms) pairs, each a run timed as a whole
+        if obs.step_ms is not None:
+            measured.append(([("target", plan.verify_rows, 1)] + draft_parts, obs.step_ms))
+        else:
+            if obs.target_ms is not None:
+                measured.append(([("target", plan.verify_rows, 1)], obs.target_ms))
+            if obs.draft_ms is not None and draft_parts:
+                measured.append((draft_parts, obs.draft_ms))
+        for parts, ms in measured:
+            for name, key, per_forward in split_measured_ms(
+                    self.spec, tables, measured_ms=ms, parts=parts, context_len=context):
+                tables[name].update(key, per_forward, context)
 
     # ---- subclass hooks --------------------------------------------------------------------
 

@@ -18,8 +18,10 @@ class StaticPlanner(BasePlanner):
     name = "static"
 
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
-                 draft_costs: CostTable | None = None, depth: int | None = None) -> None:
-        super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs)
+                 draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
+                 depth: int | None = None) -> None:
+        super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs,
+                         depth_costs=depth_costs)
         self.depth = spec.draft_depths[-1] if depth is None else int(depth)
         if self.depth not in spec.draft_depths:
             raise ValueError(f"static depth {self.depth} is not an allowed draft depth "
@@ -47,8 +49,10 @@ class DSparkPlanner(BasePlanner):
     name = "dspark"
 
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
-                 draft_costs: CostTable | None = None, capacity_delay: int = 2) -> None:
-        super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs)
+                 draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
+                 capacity_delay: int = 2) -> None:
+        super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs,
+                         depth_costs=depth_costs)
         if capacity_delay < 1:
             raise ValueError(f"capacity_delay must be >= 1 call, got {capacity_delay}")
         self.capacity_delay = int(capacity_delay)
@@ -80,7 +84,8 @@ class DSparkPlanner(BasePlanner):
         limit = min(available, n + scores.size)
         u, buckets = candidate_rows(self.spec, n, limit)
         costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
-                                num_requests=n, context_len=self._context)
+                                num_requests=n, context_len=self._context,
+                                depth_costs=self.depth_costs)
         tokens = n + gains[np.minimum(u - n, scores.size)]  # [C]
         rate = tokens / costs.step_ms(buckets, self.spec.draft_depths[-1])
         return int(u[first_best(rate, maximize=True)])

@@ -21,6 +21,7 @@ import bisect
 import json
 import math
 import os
+import statistics
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -50,31 +51,47 @@ class CostTable:
     `context_len=c0` declares the profile was taken at batch context c0 and turns on the
     context axis; later updates at other contexts add columns. `decay` is the EMA weight of the
     old value; a cell's first sample replaces its value.
+
+    `impute` says how a column's unmeasured cells follow its measured ones: "shift" adds the
+    median difference to the donor column (a forward whose context cost does not depend on its
+    key, as the rows of one verify read each request's KV once), "scale" multiplies by the
+    median ratio (a cost that grows with its key, as a draft stage keyed by depth re-reads the
+    context once per depth).
     """
 
     def __init__(self, ms_by_rows: Mapping[int, float] | None = None, *,
-                 context_len: int | None = None, decay: float = 0.9) -> None:
+                 context_len: int | None = None, decay: float = 0.9,
+                 impute: str = "shift") -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
+        if impute not in ("shift", "scale"):
+            raise ValueError(f"impute must be 'shift' or 'scale', got {impute!r}")
         self.decay = float(decay)
+        self.impute = impute
         self._context_axis = context_len is not None
         self._reference = snap_context(context_len) if self._context_axis else None
         # column (snapped context, or None for a context-free table) -> rows -> [ms, count]
         self._cells: dict[int | None, dict[int, list]] = {self._reference: {}}
         self._row_keys: list[int] = []
-        self._cache: dict[tuple[int, int | None], float] = {}
+        # Derived lookups, rebuilt when stale. Per column, its cells over the row keys with
+        # unmeasured ones imputed, cleared on every update, since one cell moves the imputation
+        # of others. Sorted columns and the donor order per column
+        # change only when a column is added (columns are never removed).
+        self._cache: dict[int | None, np.ndarray] = {}
+        self._contexts_cache: tuple[int, tuple[int, ...]] | None = None
+        self._donor_cache: dict[int | None, list] = {}
         for rows, ms in (ms_by_rows or {}).items():
             self._set(int(rows), self._reference, _check_ms(rows, ms), count=1)
 
     @classmethod
     def from_grid(cls, ms_by_context: Mapping[int, Mapping[int, float]], *,
-                  decay: float = 0.9) -> CostTable:
+                  decay: float = 0.9, impute: str = "shift") -> CostTable:
         """A table profiled at several contexts: {context_len: {rows: ms}}; the first is the
         reference context used when an estimate gives none."""
         if not ms_by_context:
             raise ValueError("ms_by_context is empty; give at least one context column")
         items = list(ms_by_context.items())
-        table = cls(items[0][1], context_len=int(items[0][0]), decay=decay)
+        table = cls(items[0][1], context_len=int(items[0][0]), decay=decay, impute=impute)
         for context, ms_by_rows in items[1:]:
             column = snap_context(int(context))
             table._cells.setdefault(column, {})
@@ -100,7 +117,11 @@ class CostTable:
     @property
     def contexts(self) -> tuple[int, ...]:
         """Context columns (snapped), ascending; () for a context-free table."""
-        return tuple(sorted(c for c in self._cells if c is not None))
+        cached = self._contexts_cache  # estimate() reads it on every call
+        if cached is None or cached[0] != len(self._cells):
+            cached = (len(self._cells), tuple(sorted(c for c in self._cells if c is not None)))
+            self._contexts_cache = cached
+        return cached[1]
 
     def estimate(self, rows: int, context_len: float | None = None) -> float:
         """Estimated ms of one forward over `rows` rows at batch context `context_len`."""
@@ -117,7 +138,18 @@ class CostTable:
 
     def estimate_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
         """estimate() for each row count; float64 array in the order given."""
-        return np.array([self.estimate(int(r), context_len) for r in rows], dtype=np.float64)
+        rows = np.asarray(list(rows), dtype=np.int64)  # [R]
+        if self.is_empty:
+            raise ValueError("cost table is empty: profile at least one row count first "
+                             "(planners check `is_empty` and plan full width until then)")
+        if rows.size and rows.min() < 1:
+            raise ValueError(f"rows must be >= 1, got {int(rows.min())}")
+        values = self._at_context_all(context_len)  # [keys]
+        i = np.searchsorted(np.asarray(self._row_keys), rows, side="left")  # [R]
+        beyond = i == len(self._row_keys)
+        out = values[np.minimum(i, len(self._row_keys) - 1)]
+        # above the largest key: cost_max * rows / rows_max, in estimate()'s order of operations
+        return np.where(beyond, out * rows / self._row_keys[-1], out)
 
     # ---- updates ---------------------------------------------------------------------------
 
@@ -139,7 +171,7 @@ class CostTable:
         else:
             cell[0] = self.decay * cell[0] + (1.0 - self.decay) * ms
             cell[1] += 1
-            self._cache.clear()
+            self._clear_caches()
 
     def count(self, rows: int, context_len: float | None = None) -> int:
         """Samples folded into the cell that holds `rows` at `context_len` (0 if none)."""
@@ -160,7 +192,7 @@ class CostTable:
                 "rows": {str(r): cells[r][0] for r in sorted(cells)},
                 "counts": {str(r): cells[r][1] for r in sorted(cells)},
             })
-        return {"format": _FORMAT, "version": 1, "decay": self.decay,
+        return {"format": _FORMAT, "version": 1, "decay": self.decay, "impute": self.impute,
                 "context_axis": self._context_axis, "reference_context": self._reference,
                 "columns": columns}
 
@@ -179,7 +211,7 @@ class CostTable:
                              "this build reads version 1")
         axis = bool(data["context_axis"])
         table = cls(context_len=data["reference_context"] if axis else None,
-                    decay=float(data["decay"]))
+                    decay=float(data["decay"]), impute=data.get("impute", "shift"))
         for col in data["columns"]:
             column = col["context_len"]
             if (column is None) == axis:
@@ -204,12 +236,15 @@ class CostTable:
 
     # ---- internals -------------------------------------------------------------------------
 
+    def _clear_caches(self) -> None:
+        self._cache.clear()
+
     def _set(self, rows: int, column: int | None, ms: float, *, count: int) -> None:
         self._cells.setdefault(column, {})[rows] = [ms, count]
         i = bisect.bisect_left(self._row_keys, rows)
         if i == len(self._row_keys) or self._row_keys[i] != rows:
             self._row_keys.insert(i, rows)
-        self._cache.clear()
+        self._clear_caches()
 
     def _column_for(self, context_len: float | None) -> int | None:
         if not self._context_axis:
@@ -218,7 +253,7 @@ class CostTable:
 
     def _at_context(self, key: int, context_len: float | None) -> float:
         if not self._context_axis:
-            return self._cells[None][key][0]
+            return self._cells[None][key][0]  # a context-free table measures every key
         if context_len is None:
             return self._cell(key, self._reference)
         columns = self.contexts
@@ -232,25 +267,81 @@ class CostTable:
         w = (x - lo) / (hi - lo)
         return (1.0 - w) * self._cell(key, lo) + w * self._cell(key, hi)
 
+    def _at_context_all(self, context_len: float | None) -> np.ndarray:
+        """_at_context() for every row key at once: [keys] ms."""
+        if not self._context_axis:
+            return self._vector(None)
+        if context_len is None:
+            return self._vector(self._reference)
+        columns = self.contexts
+        x = float(context_len)
+        j = bisect.bisect_right(columns, x)
+        if j == 0:
+            return self._vector(columns[0])
+        if j == len(columns):
+            return self._vector(columns[-1])
+        lo, hi = columns[j - 1], columns[j]
+        w = (x - lo) / (hi - lo)
+        return (1.0 - w) * self._vector(lo) + w * self._vector(hi)
+
     def _cell(self, key: int, column: int) -> float:
         cell = self._cells[column].get(key)
         if cell is not None:
             return cell[0]
-        cached = self._cache.get((key, column))
-        if cached is not None:
-            return cached
+        return float(self._vector(column)[bisect.bisect_left(self._row_keys, key)])
+
+    def _vector(self, column: int | None) -> np.ndarray:
+        """A column over every row key, unmeasured cells imputed (cached until an update).
+
+        An unmeasured cell takes its value from the nearest column (in log context) that holds
+        the row and shares measured rows with this one, shifted by the median difference of the
+        two columns over those rows; with no such column, the nearest holder's value as is.
+        Attention adds a roughly row-independent cost per context, so the shift learned on the
+        buckets in use carries over to the others."""
+        vec = self._cache.get(column)
+        if vec is not None:
+            return vec
         here = self._cells[column]
-        donors = sorted((c for c, cells in self._cells.items() if key in cells),
-                        key=lambda c: _log_distance(c, column))
-        value = self._cells[donors[0]][key][0]
-        for donor in donors:
-            shared = [r for r in here if r in self._cells[donor]]
-            if shared:
-                shift = float(np.median([here[r][0] - self._cells[donor][r][0] for r in shared]))
-                value = max(self._cells[donor][key][0] + shift, 1e-9)
-                break
-        self._cache[(key, column)] = value
-        return value
+        remaining = {k for k in self._row_keys if k not in here}
+        imputed: dict[int, float] = {}
+        fallback: dict[int, float] = {}  # nearest holder's own value
+        if remaining:
+            for donor in self._donor_order(column):
+                there = self._cells[donor]
+                holds = remaining.intersection(there)
+                if not holds:
+                    continue
+                for k in holds:
+                    fallback.setdefault(k, there[k][0])
+                shared = [r for r in here if r in there]
+                if shared:
+                    # statistics.median: the same value as np.median, faster on short lists
+                    if self.impute == "scale":
+                        ratio = float(statistics.median([here[r][0] / there[r][0]
+                                                         for r in shared]))
+                        for k in holds:
+                            imputed[k] = there[k][0] * ratio
+                    else:
+                        shift = float(statistics.median([here[r][0] - there[r][0]
+                                                         for r in shared]))
+                        for k in holds:
+                            imputed[k] = max(there[k][0] + shift, 1e-9)
+                    remaining.difference_update(holds)
+                    if not remaining:
+                        break
+        vec = np.array([here[k][0] if k in here else imputed.get(k, fallback.get(k))
+                        for k in self._row_keys], dtype=np.float64)
+        self._cache[column] = vec
+        return vec
+
+    def _donor_order(self, column: int | None) -> list:
+        """Every other column, nearest (in log context) first; ties keep insertion order."""
+        order = self._donor_cache.get(column)
+        if order is None or len(order) != len(self._cells) - 1:
+            order = sorted((c for c in self._cells if c != column),
+                           key=lambda c: _log_distance(c, column))
+            self._donor_cache[column] = order
+        return order
 
 
 def _check_ms(rows, ms) -> float:

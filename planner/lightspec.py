@@ -63,11 +63,11 @@ class LightSpecPlanner(BasePlanner):
     name = "dynamic"
 
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
-                 draft_costs: CostTable | None = None,
+                 draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
                  options: LightSpecOptions | None = None) -> None:
         self.options = options or LightSpecOptions()
         super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs,
-                         refresh_costs=self.options.refresh_costs)
+                         depth_costs=depth_costs, refresh_costs=self.options.refresh_costs)
         self.stats = AcceptanceStats(max_depth=spec.max_depth,
                                      progress_decay=self.options.progress_decay,
                                      survival_decay=self.options.survival_decay,
@@ -88,7 +88,8 @@ class LightSpecPlanner(BasePlanner):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
                               depth=self.spec.draft_depths[-1], reason="cold")
         costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
-                                num_requests=n, context_len=self._context)
+                                num_requests=n, context_len=self._context,
+                                depth_costs=self.depth_costs)
         probing = self._probe_depth > 0 and d_prev >= self._probe_depth and m == n
         if probing:
             fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=True)
@@ -122,7 +123,8 @@ class LightSpecPlanner(BasePlanner):
             raise ValueError("no cost estimates yet: give target_costs and draft_costs")
         context = self._context if context_len is None else context_len
         costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
-                                num_requests=num_requests, context_len=context)
+                                num_requests=num_requests, context_len=context,
+                                depth_costs=self.depth_costs)
         bucket = np.array([self.spec.bucket_for(fill_rows)])
         progress = self.stats.progress(num_requests, fill_rows, depth, now=self.steps)
         tokens = min(max(fill_rows * progress, num_requests), num_requests * (depth + 1))
@@ -144,14 +146,28 @@ class LightSpecPlanner(BasePlanner):
         return int(u[i]), float(step_ms[i]), float(tokens[i])
 
     def _next_depth(self, costs: StepCosts, n: int) -> tuple[int, float]:
-        """Stage 2: the depth whose best full-proposal configuration costs least per token."""
+        """Stage 2: the depth whose best full-proposal configuration costs least per token.
+
+        Every allowed depth d at once: a [D, C] grid of candidates u (the buckets from N's up
+        to the one holding the full width N(d+1), as candidate_rows gives them), priced and
+        filled in one pass - plan() runs on the host every step, and at low concurrency its
+        time is a visible share of the step."""
+        depths = np.asarray(self.spec.draft_depths)  # [D]
+        buckets = np.asarray(self.spec.verify_buckets)  # [all buckets]
+        full = np.minimum(n * (depths + 1), self.spec.max_requests)  # [D]
+        lo = int(np.searchsorted(buckets, n, side="left"))
+        hi = np.minimum(np.searchsorted(buckets, full, side="left"), len(buckets) - 1)  # [D]
+        cols = np.arange(lo, int(hi.max()) + 1)  # [C]
+        valid = cols[None, :] <= hi[:, None]  # [D, C]
+        u = np.minimum(buckets[cols][None, :], full[:, None])  # [D, C]
+        progress = self.stats.progress_grid(n, u, depths, now=self.steps)  # [D, C]
+        tokens = np.clip(u * progress, n, n * (depths[:, None] + 1))
+        j = np.where(valid, costs.step_ms_grid(buckets[cols], depths) / tokens, np.inf)
+        best_by_depth = j.min(axis=1).tolist()  # [D]
         best_depth, best_j = self.spec.draft_depths[0], math.inf
-        for depth in self.spec.draft_depths:
-            full = min(n * (depth + 1), self.spec.max_requests)
-            _, step_ms, tokens = self._objective(costs, n, full, depth)
-            j = float(np.min(step_ms / tokens))
-            if j < best_j * (1.0 - 1e-12):  # ties (to rounding) keep the smaller depth
-                best_depth, best_j = depth, j
+        for depth, value in zip(self.spec.draft_depths, best_by_depth):
+            if value < best_j * (1.0 - 1e-12):  # ties (to rounding) keep the smaller depth
+                best_depth, best_j = depth, value
         return best_depth, best_j
 
     def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:

@@ -47,17 +47,27 @@ def first_best(values: np.ndarray, *, maximize: bool = False) -> int:
 
 
 def draft_cost_ms(spec: PlannerSpec, draft: CostTable, *, num_requests: int, verify_rows: int,
-                  depth: int, context_len: float | None = None) -> float:
+                  depth: int, context_len: float | None = None,
+                  depth_costs: CostTable | None = None) -> float:
     """Draft time after a verify of `verify_rows` rows, drafting `depth` tokens per request.
 
     Autoregressive (Eagle3): one forward over the verified rows writes their draft KV and yields
     draft token 1 at each accepted tail; each further depth runs one row per request:
     D(B) + (d-1) D(N). Parallel (block): D(B) + D(N * block_size), the block is one forward.
     (lightspec-algorithm.md §5.)
+
+    depth_costs: the measured drafting stage that follows the first forward, ms by depth d (an
+    engine that compiles drafting per depth times it directly). When given it replaces the
+    formula's tail: D(B) + S(d). The formula prices each further depth as one more forward like
+    the first, over N rows; an engine that runs the depths as one compiled loop over its slots
+    pays neither the first forward's input work (feature projection) nor a dispatch per depth,
+    so the formula can overprice deep drafts several-fold (see benchmarks/diagnose_dynamic.py).
     """
     if depth < 1:
         raise ValueError(f"draft depth must be >= 1, got {depth}")
     first = draft.estimate(verify_rows, context_len)
+    if depth_costs is not None and not depth_costs.is_empty:
+        return first + depth_costs.estimate(depth, context_len)
     if spec.drafter_kind is DrafterKind.PARALLEL:
         return first + draft.estimate(num_requests * spec.block_size, context_len)
     if depth == 1:
@@ -73,46 +83,89 @@ class StepCosts:
     draft_by_bucket: dict[int, float]  # B -> ms of the first draft forward over B rows
     draft_tail: float  # ms of one further depth (autoregressive) or the block (parallel)
     kind: DrafterKind
+    stage_by_depth: dict[int, float] | None = None  # d -> measured drafting stage ms, if known
 
     @classmethod
     def price(cls, spec: PlannerSpec, target: CostTable, draft: CostTable, *,
-              num_requests: int, context_len: float | None) -> StepCosts:
+              num_requests: int, context_len: float | None,
+              depth_costs: CostTable | None = None) -> StepCosts:
         buckets = spec.verify_buckets
         t = target.estimate_many(buckets, context_len)
         dr = draft.estimate_many(buckets, context_len)
         tail_rows = num_requests * (spec.block_size if spec.drafter_kind is DrafterKind.PARALLEL
                                     else 1)
+        stage = None
+        if depth_costs is not None and not depth_costs.is_empty:
+            every = range(1, spec.max_depth + 1)  # a proposal may be capped off the grid
+            stage = dict(zip(every, depth_costs.estimate_many(every, context_len).tolist()))
         return cls(target_by_bucket=dict(zip(buckets, t.tolist())),
                    draft_by_bucket=dict(zip(buckets, dr.tolist())),
                    draft_tail=draft.estimate(max(tail_rows, 1), context_len),
-                   kind=spec.drafter_kind)
+                   kind=spec.drafter_kind, stage_by_depth=stage)
+
+    def depth_ms(self, depth: int) -> float:
+        """The draft run's part after its first forward: the measured stage, (d-1) further
+        forwards (autoregressive) or the block forward (parallel)."""
+        if self.stage_by_depth is not None:
+            return self.stage_by_depth[depth]
+        if self.kind is DrafterKind.PARALLEL:
+            return self.draft_tail
+        return (depth - 1) * self.draft_tail
 
     def step_ms(self, buckets: np.ndarray, depth: int) -> np.ndarray:
         """Target verify + following draft run for each bucket in `buckets` ([C] -> [C] ms)."""
         t = np.array([self.target_by_bucket[b] + self.draft_by_bucket[b]
                       for b in buckets.tolist()])
-        if self.kind is DrafterKind.PARALLEL:
-            return t + self.draft_tail
-        return t + (depth - 1) * self.draft_tail
+        return t + self.depth_ms(depth)
+
+    def step_ms_grid(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        """step_ms for every (depth, bucket) pair: [D] x [C] -> [D, C] ms."""
+        t = np.array([self.target_by_bucket[b] + self.draft_by_bucket[b]
+                      for b in buckets.tolist()])
+        tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])
+        return tail[:, None] + t[None, :]
+
+
+def draft_forwards(spec: PlannerSpec, *, num_requests: int, verify_rows: int, depth: int,
+                    with_stage: bool) -> list[tuple[str, int, int]]:
+    """The draft run as table cells: [(table, key, forwards)], table "draft" or "depth"."""
+    if with_stage:
+        return [("draft", verify_rows, 1), ("depth", depth, 1)]
+    if spec.drafter_kind is DrafterKind.PARALLEL:
+        return [("draft", verify_rows, 1), ("draft", num_requests * spec.block_size, 1)]
+    return [("draft", verify_rows, 1)] + ([("draft", num_requests, depth - 1)]
+                                          if depth > 1 else [])
+
+
+def split_measured_ms(spec: PlannerSpec, tables: dict[str, CostTable], *, measured_ms: float,
+                      parts: list[tuple[str, int, int]], context_len: float | None
+                      ) -> list[tuple[str, int, float]]:
+    """Attribute one measured time to table cells in proportion to their current estimates.
+
+    parts: [(table name, key, forwards)]; returns [(table name, key, ms of one forward)].
+    A run timed as a whole (one event pair around several forwards) says nothing about how its
+    time divides, so the split keeps the tables' current ratios and moves their scale to the
+    measurement. If every table involved is empty the time is split evenly over the forwards.
+    """
+    if any(tables[name].is_empty for name, _, _ in parts):
+        forwards = sum(n for _, _, n in parts)
+        return [(name, key, measured_ms / forwards) for name, key, _ in parts]
+    guesses = [tables[name].estimate(key, context_len) for name, key, _ in parts]
+    total = sum(g * n for g, (_, _, n) in zip(guesses, parts))
+    scale = measured_ms / total
+    return [(name, key, g * scale) for g, (name, key, _) in zip(guesses, parts)]
 
 
 def split_draft_ms(spec: PlannerSpec, draft: CostTable, *, measured_ms: float,
                    num_requests: int, verify_rows: int, depth: int,
                    context_len: float | None) -> list[tuple[int, float]]:
-    """Attribute a measured draft run to table cells: [(rows, ms of one forward), ...].
+    """Attribute a measured draft run to draft-table cells: [(rows, ms of one forward), ...].
 
     The engine times the draft run as a whole (one event pair around all depths), so the
     measurement is split in proportion to the table's current estimates of its forwards. An
     empty table splits it evenly over the forwards.
     """
-    if spec.drafter_kind is DrafterKind.PARALLEL:
-        shapes = [(verify_rows, 1), (num_requests * spec.block_size, 1)]
-    else:
-        shapes = [(verify_rows, 1)] + ([(num_requests, depth - 1)] if depth > 1 else [])
-    if draft.is_empty:
-        forwards = sum(n for _, n in shapes)
-        return [(rows, measured_ms / forwards) for rows, _ in shapes]
-    guesses = [draft.estimate(rows, context_len) for rows, _ in shapes]
-    total = sum(g * n for g, (_, n) in zip(guesses, shapes))
-    scale = measured_ms / total
-    return [(rows, g * scale) for g, (rows, _) in zip(guesses, shapes)]
+    parts = draft_forwards(spec, num_requests=num_requests, verify_rows=verify_rows,
+                            depth=depth, with_stage=False)
+    return [(key, ms) for _, key, ms in split_measured_ms(
+        spec, {"draft": draft}, measured_ms=measured_ms, parts=parts, context_len=context_len)]

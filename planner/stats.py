@@ -24,7 +24,15 @@ Additions of ours:
   alpha = w (1 - decay). LightLLM starts the EMA at the first sample and moves it by 1 - decay
   whatever N is; at N = 1 that is one 0/1 outcome per step, the first of which stands almost
   alone for ten steps and later ones leave it ~20% noisy — enough to flip the depth choice.
-  From N = sample_floor on, and once W >= 1 / (1 - decay), the update is LightLLM's;
+  From N = sample_floor on, and once W >= 1 / (1 - decay), the update is LightLLM's. The same
+  weight decides how far an exact key's EMA replaces the fill estimate: by min(1, W), so a key
+  counts fully once it has seen sample_floor requests. LightLLM uses a key from its first
+  sample; at N = 1 that one 0/1 outcome would replace the fill outright, and a key that started
+  unlucky is then never chosen again to be corrected (on the tiny pair, ShareGPT at c=1, keys
+  seen by fewer than 16 requests sat 0.17 tokens/row from the fill on average);
+* the fill uses the survival EMAs made non-increasing in j (weighted isotonic regression):
+  depth j learns only from full-width steps of depth >= j, which a planner drafts when
+  acceptance has been good, so the raw curve can rise with j (see _levels);
 * staleness: an EMA entry's weight halves every `half_life` steps since its last update and the
   remainder goes to the fill estimate, which exploration probes keep current. Without this a key
   measured long ago, when acceptance was different, would outvote fresh survival data forever.
@@ -73,6 +81,9 @@ class AcceptanceStats:
         self.full_width_from_survival = full_width_from_survival
         # (N, u, d) -> [progress EMA, sample count, step of last update, weight seen]
         self._progress: dict[tuple[int, int, int], list] = {}
+        # (N, d) -> {u: the same entry}: plan() asks for every u at one (N, d)
+        self._by_nd: dict[tuple[int, int], dict[int, list]] = {}
+        self._filled: tuple[np.ndarray, np.ndarray] | None = None  # survival cache, see _levels
         # index j (1..K) used; NaN = never measured. survival[j] = P(accept_len > j)
         self.survival = np.full(self.max_depth + 1, np.nan)
         self.ratio = np.full(self.max_depth + 1, np.nan)  # r[l], l = 1..K
@@ -88,7 +99,10 @@ class AcceptanceStats:
         key = (int(num_requests), int(fill_rows), int(depth))
         sample = float(accept.sum()) / fill_rows
         share = min(1.0, num_requests / self.sample_floor)  # this step's weight, in steps
-        entry = self._progress.setdefault(key, [0.0, 0, step, 0.0])
+        entry = self._progress.get(key)
+        if entry is None:
+            entry = self._progress[key] = [0.0, 0, step, 0.0]
+            self._by_nd.setdefault((key[0], key[2]), {})[key[1]] = entry
         entry[3] += share
         alpha = share / min(entry[3], 1.0 / (1.0 - self.progress_decay))
         entry[0] += alpha * (sample - entry[0])
@@ -99,10 +113,11 @@ class AcceptanceStats:
             survived = (accept[None, :] > j[:, None]).mean(axis=1)  # [d]
             _update(self.survival, self._survival_weight, slice(1, depth + 1), survived, share,
                     self.survival_decay)
+            self._filled = None
             if verify_lens is None:
                 verify_lens = np.full(accept.shape, depth + 1)
-        if verify_lens is not None:
-            self._record_ratios(accept, np.asarray(verify_lens), share)
+        if verify_lens is not None and self.estimator == "interpolate":
+            self._record_ratios(accept, np.asarray(verify_lens), share)  # only it reads them
 
     def _record_ratios(self, accept: np.ndarray, verify_lens: np.ndarray, share: float) -> None:
         drafts = verify_lens - 1  # [N] draft rows verified per request
@@ -139,21 +154,47 @@ class AcceptanceStats:
         u = np.asarray(fill_rows, dtype=np.int64)  # [C]
         prior = self._prior(n, u, depth)  # [C]
         out = prior.copy()
+        self._blend(out, prior, n, u, int(depth), now)
+        return out
+
+    def progress_grid(self, num_requests: int, fill_rows: np.ndarray, depths: np.ndarray, *,
+                      now: int) -> np.ndarray:
+        """progress_many() for several depths at once: fill_rows [D, C], depths [D] -> [D, C]."""
+        n = int(num_requests)
+        u = np.asarray(fill_rows, dtype=np.int64)
+        depths = np.asarray(depths, dtype=np.int64)
+        if self.estimator == "interpolate" and np.isfinite(self.ratio[1:]).any():
+            return np.stack([self.progress_many(n, u[i], int(d), now=now)
+                             for i, d in enumerate(depths.tolist())])
+        if self.has_survival:
+            prior = self._survival_fill(n, u, depths[:, None])
+        else:
+            prior = np.ones(u.shape)
+        out = prior.copy()
+        for i, d in enumerate(depths.tolist()):
+            self._blend(out[i], prior[i], n, u[i], d, now)
+        return out
+
+    def _blend(self, out: np.ndarray, prior: np.ndarray, n: int, u: np.ndarray, depth: int,
+               now: int) -> None:
+        """Moves out[i] (in place) to the exact-key EMA of (N, u[i], d) where one exists."""
+        entries = self._by_nd.get((n, depth))
+        if not entries:
+            return
         exact_full = (self.full_width_from_survival
                       and np.isfinite(self.survival[1:min(depth, self.max_depth) + 1]).all())
         for i, rows in enumerate(u.tolist()):
             if exact_full and rows == n * (depth + 1):
                 continue  # the fill is exact at full width and better fed than one key's EMA
-            e = self._progress.get((n, rows, depth))
+            e = entries.get(rows)
             if e is None:
                 continue
-            weight = 1.0
+            weight = min(1.0, e[3])  # evidence: requests seen, in units of sample_floor
             if self.half_life is not None:
-                weight = 0.5 ** (max(0, now - e[2]) / self.half_life)
+                weight *= 0.5 ** (max(0, now - e[2]) / self.half_life)
             if self.estimator == "interpolate":
                 weight *= min(1.0, e[1] / self.blend_samples)
             out[i] = weight * e[0] + (1.0 - weight) * prior[i]
-        return out
 
     def _prior(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:
         """Estimate without an exact-key EMA: survival fill, interpolation, or 1.0."""
@@ -163,16 +204,40 @@ class AcceptanceStats:
             return np.ones(u.shape)
         return self._survival_fill(n, u, depth)
 
-    def _survival_fill(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:
-        s = np.where(np.isfinite(self.survival), self.survival, 1.0)
-        committed = np.full(u.shape, float(n))
-        remaining = u - n  # [C] draft rows to place
-        for j in range(1, min(depth, self.max_depth) + 1):
-            r = np.minimum(n, remaining)
-            if not (r > 0).any():
-                break
-            committed += np.maximum(r, 0) * s[j]
-            remaining = remaining - r
+    def _levels(self) -> tuple[np.ndarray, np.ndarray]:
+        """(s, S): the survival the fill uses, and S[f] = s[1] + ... + s[f].
+
+        s is the measured survival made non-increasing (weighted isotonic regression), with
+        unmeasured depths at 1.0. P(accept_len > j) cannot grow with j, but the per-depth EMAs
+        can: depth j is fed only by full-width steps of depth >= j, and a planner drafts deep
+        when acceptance has been good, so deep depths see a luckier sample (on the tiny pair,
+        ShareGPT at c=1: s[4] > s[3] and s[6] = 0.45 > s[5] = 0.29). Uncorrected, such a curve
+        prices a deeper level's rows above shallower ones and draws the planner deep."""
+        if self._filled is None:
+            measured = np.isfinite(self.survival)
+            measured[0] = False
+            s = np.where(measured, self.survival, 1.0)
+            idx = np.flatnonzero(measured)
+            if idx.size > 1:
+                cap = 1.0 / (1.0 - self.survival_decay)  # an EMA's effective sample weight
+                s[idx] = _non_increasing(self.survival[idx],
+                                         np.minimum(self._survival_weight[idx], cap))
+            s[0] = 0.0
+            self._filled = (s, np.cumsum(s))
+        return self._filled
+
+    def _survival_fill(self, n: int, u: np.ndarray, depth) -> np.ndarray:
+        """The fill level by level: depth 1 for every request, then depth 2, ...; each row at
+        depth j commits s[j]. In closed form, with r = u - N draft rows: f = r // N full levels
+        (at most d) commit N S[f], and the r - fN rows of level f+1 commit s[f+1] each.
+        depth: an int, or an int array broadcasting against u."""
+        s, cum = self._levels()
+        levels = np.minimum(depth, self.max_depth)
+        r = np.maximum(u - n, 0)  # [C] draft rows to place
+        full = np.minimum(r // max(n, 1), levels)  # [C]
+        partial = np.where(full < levels, r - full * n, 0)  # [C]
+        nxt = s[np.minimum(full + 1, self.max_depth)]  # [C] (unused where partial is 0)
+        committed = n + n * cum[full] + partial * nxt
         return committed / np.maximum(u, 1)
 
     def _interpolated(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:
@@ -183,6 +248,18 @@ class AcceptanceStats:
         s = np.clip((u - n) / max(n, 1), 0.0, min(depth, self.max_depth))  # [C]
         a = np.interp(s, lengths, accepted)  # [C]
         return (n + n * a) / np.maximum(u, 1)
+
+
+def _non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted least-squares fit of a non-increasing sequence (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, length]
+    for v, w in zip(values.tolist(), np.maximum(weights, 1e-12).tolist()):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks[-1]
+            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
 
 
 def _update(values: np.ndarray, weights: np.ndarray, where: slice, sample: np.ndarray,

@@ -150,6 +150,13 @@ class StepObservation:
     draft_ms: measured time of the whole draft run after the verify (all depths); None if not
       measured. The planner splits it over the draft table's entries in proportion to their
       current estimates.
+    step_ms: measured device time of one step's worth of work, a verify and a draft run timed
+      together, for engines that cannot time the two apart; split over the target and draft
+      tables in proportion to their current estimates. When given, target_ms and draft_ms are
+      ignored.
+    draft_plan: the plan whose draft run step_ms includes, if not this one: an engine that reads
+      a step's results when its verify ends times the previous step's draft run with this
+      step's verify.
     context_len: KV tokens the step attended, summed over the batch's requests. Costs are keyed
       by it because attention reads every request's KV once per step.
     verify_lens: [N] int, rows verified per request including its target row; optional, used
@@ -161,4 +168,6 @@ class StepObservation:
     target_ms: float | None = None
     draft_ms: float | None = None
     context_len: int | None = None
+    step_ms: float | None = None
+    draft_plan: StepPlan | None = None
     verify_lens: np.ndarray | None = None

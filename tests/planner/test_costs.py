@@ -3,6 +3,8 @@
 import json
 import math
 
+import numpy as np
+
 import pytest
 
 from lightspec_jax.planner import CostTable
@@ -127,3 +129,38 @@ def test_from_grid_builds_several_context_columns():
     table = CostTable.from_grid({0: {4: 1.0, 8: 2.0}, 1024: {4: 2.0, 8: 3.0}})
     assert table.contexts == (0, 1024)
     assert table.estimate(8, 512) == pytest.approx(2.5)
+
+
+def test_estimate_many_is_estimate_for_each_row_count_with_contexts():
+    # estimate_many prices whole columns at once (plan() calls it every step); it must give
+    # estimate()'s values exactly, imputed cells and extrapolation above the largest key included.
+    rng = np.random.default_rng(5)
+    for trial in range(50):
+        rows = sorted({int(r) for r in rng.integers(1, 100, size=int(rng.integers(1, 8)))})
+        table = CostTable({r: 0.1 + rng.random() * r for r in rows},
+                          context_len=None if trial % 5 == 0 else int(rng.integers(1, 4000)),
+                          impute="scale" if trial % 3 == 0 else "shift")
+        for _ in range(int(rng.integers(0, 25))):
+            table.update(int(rng.integers(1, 140)), 0.01 + 5 * rng.random(),
+                         float(rng.integers(0, 6000)))
+            queries = rng.integers(1, 160, size=7)
+            for context in (None, float(rng.integers(0, 8000))):
+                want = [table.estimate(int(q), context) for q in queries]
+                assert table.estimate_many(queries, context).tolist() == want
+
+
+def test_scale_imputation_for_costs_that_grow_with_the_key():
+    # A draft stage keyed by depth re-reads the context once per depth: at a longer context
+    # every depth costs proportionally more, and an unmeasured depth follows by the ratio
+    # (additively, depth 1's 0.02 ms would take depth 4's whole increase).
+    table = CostTable({1: 0.02, 2: 1.0, 4: 3.0}, context_len=1024, impute="scale")
+    table.update(2, 1.5, context_len=4096)  # 1.5x at the longer context
+    assert table.estimate(4, 4096) == pytest.approx(4.5)
+    assert table.estimate(1, 4096) == pytest.approx(0.03)
+    shifted = CostTable({1: 0.02, 2: 1.0, 4: 3.0}, context_len=1024)
+    shifted.update(2, 1.5, context_len=4096)
+    assert shifted.estimate(1, 4096) == pytest.approx(0.52)
+    loaded = CostTable.from_json(json.loads(json.dumps(table.to_json())))
+    assert loaded.impute == "scale" and loaded.estimate(4, 4096) == pytest.approx(4.5)
+    with pytest.raises(ValueError, match="impute"):
+        CostTable({1: 1.0}, impute="linear")

@@ -239,3 +239,91 @@ def test_spec_validation():
     s = PlannerSpec(verify_buckets=[8, 16], draft_depths=[3, 1, 2], max_depth=3)
     assert s.draft_depths == (1, 2, 3) and s.verify_buckets == (8, 16)
     assert isinstance(make_planner("lightspec", s), LightSpecPlanner)
+
+
+def test_depth_table_prices_the_measured_draft_stage():
+    # Without a depth table each further depth costs one draft forward over N rows; with one,
+    # the drafting stage costs what was measured for its depth.
+    s = spec(k=3, buckets=(2, 4, 8))
+    draft = CostTable({2: 0.25, 4: 0.3, 8: 0.4})
+    stage = CostTable({1: 0.01, 2: 0.05, 3: 0.08})
+    assert draft_cost_ms(s, draft, num_requests=2, verify_rows=8, depth=3) == pytest.approx(0.9)
+    assert draft_cost_ms(s, draft, num_requests=2, verify_rows=8, depth=3,
+                         depth_costs=stage) == pytest.approx(0.4 + 0.08)
+    # Verify rows are cheap and every draft is accepted: only the draft stage holds the depth
+    # back. Priced per forward (1.2 ms a depth) depth 1 wins; priced as measured, depth 3.
+    target = {2: 1.0, 4: 1.05, 8: 1.1}
+    picks = []
+    for depth_costs in (None, stage):
+        p = make_planner("dynamic", s, target_costs=CostTable(target),
+                         draft_costs=CostTable({2: 1.2, 4: 1.2, 8: 1.2}),
+                         depth_costs=depth_costs, explore_fraction=0.0)
+        warm(p)
+        observe(p, p.plan(num_requests=2), [4, 4])
+        picks.append(p.plan(num_requests=2).draft_depth)
+    assert picks == [1, 3]
+
+
+def test_step_time_is_split_over_verify_and_the_draft_run_it_timed():
+    s = spec(k=3, buckets=(2, 4, 8))
+    p = make_planner("dynamic", s, target_costs=CostTable(EAGLE_T),
+                     draft_costs=CostTable(EAGLE_D), depth_costs=CostTable({1: 0.1, 2: 0.2,
+                                                                            3: 0.3}))
+    warm(p)
+    earlier = p.plan(num_requests=2)  # verify 8 rows (cold), then draft depth 3
+    plan = p.plan(num_requests=2)
+    # One interval timed the earlier step's draft run (D(8) = 0.2, stage(3) = 0.3) and this
+    # step's verify (T(B)); predicted T(B) + 0.5, measured twice that: every part doubles.
+    predicted = EAGLE_T[plan.verify_rows] + 0.2 + 0.3
+    p.observe(StepObservation(plan=plan, accept_lens=np.array([1, 1]), step_ms=2 * predicted,
+                              draft_plan=earlier))
+    assert p.target_costs.estimate(plan.verify_rows) == pytest.approx(
+        1.1 * EAGLE_T[plan.verify_rows])
+    assert p.draft_costs.estimate(8) == pytest.approx(1.1 * 0.2)
+    assert p.depth_costs.estimate(3) == pytest.approx(1.1 * 0.3)
+    # a step whose own draft run was timed with it
+    q = make_planner("dynamic", s, target_costs=CostTable(EAGLE_T),
+                     draft_costs=CostTable(EAGLE_D))
+    warm(q)
+    plan = q.plan(num_requests=2)  # 8 rows, depth 3: D(8) + 2 D(2) = 0.4
+    q.observe(StepObservation(plan=plan, accept_lens=np.array([1, 1]), step_ms=2 * 10.4))
+    assert q.target_costs.estimate(8) == pytest.approx(11.0)
+    assert q.draft_costs.estimate(2) == pytest.approx(0.11)
+
+
+def test_stage_two_searches_every_depth_like_the_per_depth_loop():
+    # _next_depth prices all depths in one [D, C] grid; it must agree with pricing each
+    # depth's candidates on their own (candidate_rows + progress_many), ties included.
+    from lightspec_jax.planner.objective import StepCosts, candidate_rows
+
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        k = int(rng.integers(1, 12))
+        buckets = tuple(sorted({int(x) for x in rng.integers(1, 12 * (k + 1), size=9)}
+                               | {12 * (k + 1)}))
+        s = spec(k=k, buckets=buckets)
+        p = make_planner("dynamic", s,
+                         target_costs=CostTable({b: 1 + rng.random() * b for b in buckets}),
+                         draft_costs=CostTable({b: 0.1 + 0.01 * b for b in buckets}),
+                         depth_costs=CostTable({d: 0.2 * d for d in range(1, k + 1)})
+                         if trial % 2 else None)
+        for _ in range(15):
+            n = int(rng.integers(1, 13))
+            plan = p.plan(num_requests=n)
+            accept = (np.minimum(rng.geometric(0.3, size=n), plan.verified_depth + 1)
+                      if plan.verified_depth else np.ones(n, int))
+            observe(p, plan, accept)
+            costs = StepCosts.price(s, p.target_costs, p.draft_costs, num_requests=n,
+                                    context_len=None, depth_costs=p.depth_costs)
+            best = []
+            for depth in s.draft_depths:
+                u, b = candidate_rows(s, n, min(n * (depth + 1), s.max_requests))
+                tokens = np.clip(u * p.stats.progress_many(n, u, depth, now=p.steps), n,
+                                 n * (depth + 1))
+                best.append(float(np.min(costs.step_ms(b, depth) / tokens)))
+            want = next(d for d, j in zip(s.draft_depths, best)
+                        if j == min(best)) if len(set(best)) == len(best) else None
+            got_depth, got_j = p._next_depth(costs, n)
+            assert got_j == pytest.approx(min(best), rel=1e-12)
+            if want is not None:
+                assert got_depth == want

@@ -103,7 +103,25 @@ def test_full_width_keys_can_use_the_survival_fill():
         record(stats, 1, 3, 2, [3])  # (1,3,2): progress 1.0, survival 1, 1
         record(stats, 1, 2, 1, [1])  # survival[1] -> mean(1, 0) = 0.5
     assert legacy.progress(1, 3, 2, now=0) == pytest.approx(1.0)  # its own (old) EMA
-    assert exact.progress(1, 3, 2, now=0) == pytest.approx((1 + 0.5 + 1.0) / 3)
+    # survival EMAs (0.5, 1.0) are not a survival curve; the fill pools them by weight
+    # (2 steps, 1 step) into the non-increasing (2/3, 2/3)
+    assert exact.progress(1, 3, 2, now=0) == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+
+
+def test_fill_uses_a_non_increasing_survival_curve():
+    stats = AcceptanceStats(max_depth=3)
+    record(stats, 2, 8, 3, [4, 4])  # survival 1, 1, 1 (weight 1 each)
+    for _ in range(3):
+        record(stats, 2, 6, 2, [1, 2])  # depths 1-2 only: s1 -> 0.625, s2 -> 0.25
+    assert stats.survival[1:].tolist() == pytest.approx([0.625, 0.25, 1.0])  # raw EMAs
+    # s3 (weight 1) > s2 (weight 4): pooled to (4 * 0.25 + 1 * 1.0) / 5 = 0.4 each
+    s, _ = stats._levels()
+    assert s[1:].tolist() == pytest.approx([0.625, 0.4, 0.4])
+    assert stats.progress(2, 7, 3, now=0) == pytest.approx((2 + 2 * (0.625 + 0.4) + 0.4) / 7)
+    # an already non-increasing curve is left alone
+    fresh = AcceptanceStats(max_depth=3)
+    record(fresh, 2, 8, 3, [4, 2])
+    assert fresh._levels()[0][1:].tolist() == fresh.survival[1:].tolist() == [1.0, 0.5, 0.5]
 
 
 def test_interpolation_estimator_is_linear_in_fractional_draft_rows():

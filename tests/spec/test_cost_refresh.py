@@ -1,0 +1,51 @@
+"""Online cost refresh inside the engine: a step's device time is taken only when the host can
+tell it from its own timestamps, and refreshed cells stay in the sweep's range."""
+
+import numpy as np
+
+from lightspec_jax import SamplingParams
+from lightspec_jax.spec_backend import device_interval_ms
+
+
+def interval(**kw):
+    args = dict(previous_ready=1.0, previous_waited=True, busy_at_enqueue=True, waited=True,
+                ready=1.004, has_prefill=False)
+    return device_interval_ms(**{**args, **kw})
+
+
+def test_device_interval_needs_a_device_busy_from_read_to_read():
+    # Both reads waited and the previous draft run was still going at enqueue: the device
+    # worked without a gap from the previous verify's end to this one's.
+    assert interval() == np.float64(1e3 * (1.004 - 1.0))
+    # The host found the results ready: the device idled for an unknown time (host-bound).
+    assert interval(waited=False) is None
+    assert interval(previous_waited=False) is None
+    # The device finished the previous draft run before this step was enqueued: a gap.
+    assert interval(busy_at_enqueue=False) is None
+    # A prefill ran in between, or there is no earlier read.
+    assert interval(has_prefill=True) is None
+    assert interval(previous_ready=None) is None
+
+
+def test_refreshed_cells_stay_near_the_sweep(spec_engines):
+    """The earlier refresh timed host loop intervals and subtracted an estimated draft time,
+    clamping at 1e-3 ms: cells fell to ~0 and the planner verified everything. A refreshed cell
+    is now a share of a measured device interval, so it stays the size of the swept cost."""
+    engine = spec_engines("dynamic_k4")
+    planner = engine.backend.planner
+    sweep = {k: _reference_column(t.to_json()) for k, t in
+             (("target", planner.target_costs), ("draft", planner.draft_costs),
+              ("depth", planner.depth_costs))}
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(2, 250, size=6).tolist() for _ in range(8)]
+    engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
+    for name, reference in sweep.items():
+        table = getattr(planner, f"{name}_costs").to_json()
+        for column in table["columns"]:
+            for rows, ms in column["rows"].items():
+                assert ms > 0.25 * reference[rows], (name, column["context_len"], rows, ms)
+
+
+def _reference_column(table: dict) -> dict:
+    return next(c["rows"] for c in table["columns"]
+                if c["context_len"] == table["reference_context"])
