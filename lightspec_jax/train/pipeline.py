@@ -202,15 +202,9 @@ def build_pair(recipe: PairRecipe, out: str, work: Workspace, *, stop_after: str
         return work.log
 
     # -- quality through the public engine (always rerun: it is what the report states)
-    from .quality import evaluate_pair
     from .report import write_report
 
-    work.current("eval", [recipe.eval_prompts, recipe.eval_tokens, recipe.eval_k])
-    t0 = time.perf_counter()
-    quality = evaluate_pair(target_dir, drafter_dir, num_prompts=recipe.eval_prompts,
-                            max_tokens=recipe.eval_tokens,
-                            num_speculative_tokens=recipe.eval_k, progress=progress)
-    work.record("eval", seconds=time.perf_counter() - t0, quality=quality, done=True)
+    _timed_eval(work, "eval", recipe, target_dir, drafter_dir, progress)
     write_report(os.path.join(out, "TRAINING.md"), recipe=recipe, log=work.log, out=out,
                  command=command)
     return work.log
@@ -275,15 +269,9 @@ def build_draft_lm(recipe: DraftLMRecipe, out: str, work: Workspace, *, progress
                     held_out=held_out, curve=_curve(log), params=param_count(model), done=True)
 
     # -- quality through the public engine (the draft LM as drafter_path)
-    from .quality import evaluate_pair
     from .report import write_draft_lm_section
 
-    work.current("draft-eval", [recipe.eval_prompts, recipe.eval_tokens, recipe.eval_k])
-    t0 = time.perf_counter()
-    quality = evaluate_pair(target_dir, draft_dir, num_prompts=recipe.eval_prompts,
-                            max_tokens=recipe.eval_tokens,
-                            num_speculative_tokens=recipe.eval_k, progress=progress)
-    work.record("draft-eval", seconds=time.perf_counter() - t0, quality=quality, done=True)
+    _timed_eval(work, "draft-eval", recipe, target_dir, draft_dir, progress)
     write_draft_lm_section(os.path.join(out, "TRAINING.md"), recipe=recipe, log=work.log,
                            draft_dir=draft_dir, command=command)
     return work.log
@@ -319,3 +307,15 @@ def _curve(log: TrainLog, points: int = 10) -> list[list[float]]:
         return []
     edges = np.linspace(0, n, min(points, n) + 1).astype(int)
     return [[int(b), float(np.mean(log.losses[a:b]))] for a, b in zip(edges, edges[1:])]
+
+
+def _timed_eval(work, stage: str, recipe, target_dir: str, drafter_dir: str, progress) -> None:
+    """Quality of a target + drafter through the public engine, recorded as `stage`."""
+    from .quality import evaluate_pair
+
+    work.current(stage, [recipe.eval_prompts, recipe.eval_tokens, recipe.eval_k])
+    t0 = time.perf_counter()
+    quality = evaluate_pair(target_dir, drafter_dir, num_prompts=recipe.eval_prompts,
+                            max_tokens=recipe.eval_tokens,
+                            num_speculative_tokens=recipe.eval_k, progress=progress)
+    work.record(stage, seconds=time.perf_counter() - t0, quality=quality, done=True)
