@@ -324,8 +324,18 @@ class CostTable:
                     else:
                         shift = float(statistics.median([here[r][0] - there[r][0]
                                                          for r in shared]))
+                        ratio = None
                         for k in holds:
-                            imputed[k] = max(there[k][0] + shift, 1e-9)
+                            if there[k][0] + shift > 0.0:
+                                imputed[k] = there[k][0] + shift
+                                continue
+                            # A shift larger than the donor's own cost: the additive model
+                            # fails here, so scale instead (a cell near zero would draw the
+                            # whole of a refreshed step time's split away from it for good).
+                            if ratio is None:
+                                ratio = float(statistics.median([here[r][0] / there[r][0]
+                                                                 for r in shared]))
+                            imputed[k] = there[k][0] * ratio
                     remaining.difference_update(holds)
                     if not remaining:
                         break

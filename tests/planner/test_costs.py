@@ -91,6 +91,20 @@ def test_context_axis_learns_cost_growth_and_imputes_unmeasured_buckets():
     assert table.estimate(8, 10 * ctx) == pytest.approx(5.0)
 
 
+def test_shift_imputation_never_prices_a_bucket_near_zero():
+    # A measured cell far below the profiled one (a short context on a noisy host) gives a
+    # shift larger than a smaller bucket's whole cost. Shifting would price that bucket at ~0,
+    # and a refreshed step time split in proportion to the estimates would then keep it there;
+    # such cells scale by the measured ratio instead.
+    table = CostTable({16: 0.74, 64: 3.0}, context_len=128)
+    table.update(64, 0.6, context_len=32)
+    assert table.estimate(16, 32) == pytest.approx(0.74 * 0.6 / 3.0)
+    # Where the shift stays positive it is still the model.
+    table = CostTable({16: 2.0, 64: 3.0}, context_len=128)
+    table.update(64, 2.5, context_len=32)
+    assert table.estimate(16, 32) == pytest.approx(1.5)
+
+
 def test_context_columns_snap_to_a_quarter_doubling_grid():
     assert snap_context(0) == 0
     for c in [1, 3, 100, 777, 4096, 123_457, 10**7]:
