@@ -130,6 +130,12 @@ class Engine:
         """Speculative decoding statistics (EngineStats), or None in plain decoding."""
         return getattr(self.backend, "stats", None)
 
+    @property
+    def cost_profile(self):
+        """The start-up bucket sweep (CostProfile), or None when the tables were loaded from
+        `cost_table_path`, the policy needs no prices, or decoding is plain."""
+        return getattr(self.backend, "profile", None)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or self._in_flight is not None
 

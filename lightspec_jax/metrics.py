@@ -68,6 +68,9 @@ class EngineStats:
 
     def summary(self) -> dict:
         t = self.totals
-        return {"synthetic_acceptance": self.synthetic_acceptance, "spec_steps": len(self.steps), "acceptance_length": t.acceptance_length,
+        n = len(self.steps)
+        return {"synthetic_acceptance": self.synthetic_acceptance, "spec_steps": n,
+                "acceptance_length": t.acceptance_length,
                 "acceptance_rate": t.acceptance_rate, "verified_rows": t.verified_rows,
-                "accepted": t.accepted, "verify_rows_per_step": self.verify_rows_per_step}
+                "accepted": t.accepted, "verify_rows_per_step": self.verify_rows_per_step,
+                "mean_draft_depth": sum(s.draft_depth for s in self.steps) / n if n else 0.0}

@@ -91,13 +91,13 @@ def serve(args) -> dict:
                    "wall_s": wall, "startup_s": startup, "requests": len(outs)}
             if depth:
                 m = [o.metrics for o in outs]
-                steps = engine.stats.steps
+                summary = engine.stats.summary()
                 acc, ver, st = (sum(x.accepted for x in m), sum(x.verified for x in m),
                                 sum(x.steps for x in m))
                 row.update(acceptance_rate=acc / max(ver, 1), acceptance_length=1 + acc / max(st, 1),
-                           verify_rows_per_step=sum(s.verify_rows for s in steps) / len(steps),
-                           mean_depth=sum(s.draft_depth for s in steps) / len(steps),
-                           host_ms_per_step=1e3 * wall / len(steps))
+                           verify_rows_per_step=summary["verify_rows_per_step"],
+                           mean_depth=summary["mean_draft_depth"],
+                           host_ms_per_step=1e3 * wall / summary["spec_steps"])
             outputs[label] = [o.token_ids for o in outs]
             if not args.synthetic and args.temperature == 0 and "none" in outputs:
                 row["identical_to_none"] = outputs[label] == outputs["none"]
@@ -119,7 +119,7 @@ def sweep(args) -> dict:
 
     engine = _engine(args, policy="dynamic", depth=args.max_depth, concurrency=args.max_num_seqs,
                      max_model_len=args.context + 2 * args.max_depth + 8)
-    profile = engine.backend.profile
+    profile = engine.cost_profile
     table = profile.summary()
     print("rows | verify ms | draft commit ms")
     for b in sorted(table["verify_ms"]):
