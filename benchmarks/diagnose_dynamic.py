@@ -8,8 +8,9 @@ acceptance, greedy, and reports, per concurrency:
 * counterfactual fills of the SAME proposals. Greedy output is lossless, so the final output of
   a request tells how many drafts of each verified proposal the target would have accepted had
   all of them been verified (A_full). From that: what the actual fill accepted, what a static
-  K=3 fill (every request, 3 drafts) would have accepted, what the survival-ranked fill would
-  accept with K=3's row budget, and the oracle (rows spent only on drafts that will be accepted);
+  K=3 fill (every request, 3 drafts) would have accepted, what the survival-ranked fill
+  (`pallas_kernels.fill_reference`, the device rule) would accept with K=3's row budget, and
+  the oracle (rows spent only on drafts that will be accepted);
 * calibration of the drafter's confidences: P(draft j accepted | prefix accepted) against the
   conditional confidence c_j, and P(prefix of j accepted) against the survival prod c_1..c_j;
 * the planner's acceptance statistics (survival curve vs the measured one; how many progress
@@ -17,12 +18,25 @@ acceptance, greedy, and reports, per concurrency:
   start-up sweep against the tables after serving (online refresh);
 * from the timed runs (plain `engine.generate`, nothing synced): throughput, the loop period
   per step against the planner's predicted step time, per (B, d); the loop time per kind of
-  step; the planner's own host time per step (plan() and observe()); and the share of committed
-  tokens that passed a request's end (max_tokens), which deep drafting wastes.
+  step; the engine's and the planner's host time per step; and the share of committed tokens
+  that passed a request's end (max_tokens), which deep drafting wastes.
 
-The acceptance part snapshots device state before every step, which syncs the host, so it runs
-on its own engine after the timed ones. The script only uses the engine's public pieces and
-the planner's attributes, so it also runs against an older checkout (PYTHONPATH=that tree).
+Everything is observed through the engine's public hooks: a step observer
+(`Engine.add_step_observer`, one `StepEvent` per step read back) for plans, per-slot results
+and timings, and the device slot state (`engine.runner.state`) for the proposals. The
+acceptance part reads that state after every step, which syncs the host, so it runs on its own
+engine with `overlap=False` (each step() dispatches and reads the same step, so the state it
+leaves is the proposal the next step verifies), after the timed ones. Engines here skip the
+cost cache, so "start-up" tables are this run's own sweep.
+
+What the engine no longer exposes, and so is not reported:
+* the planner's plan() and observe() host times separately: `StepRecord.plan_ms` gives their
+  sum per step() call, reported as one figure;
+* the drafter's commit forward as its own cost: the decode step is one fused executable, so
+  the target table (verify) includes it and the draft table holds 1 us placeholders;
+* the instrumented run's online cost refresh: without overlap the device idles between steps,
+  which gives the refresh no samples, so its tables stay at the start-up sweep (the timed
+  dynamic run's refreshed tables are printed with --show-tables).
 
     python benchmarks/diagnose_dynamic.py --workload math --concurrency 1 16 --num-prompts 16
     python benchmarks/diagnose_dynamic.py --workload sharegpt --concurrency 16 --no-timing
@@ -46,16 +60,16 @@ ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 
 def make_engine(args, *, policy: str, depth: int, concurrency: int, max_model_len: int,
-                planner_options: dict | None = None):
+                planner_options: dict | None = None, overlap: bool = True):
     from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
-    from lightspec_jax.bench.cli import concurrency_buckets
+    from lightspec_jax.engine.buckets import concurrency_buckets
 
     spec = SpeculativeConfig(policy=policy, num_speculative_tokens=depth)
     config = EngineConfig(max_num_seqs=concurrency, max_model_len=max_model_len,
                           dtype="float32", speculative=spec,
                           max_num_batched_tokens=max(256, concurrency),
                           verify_buckets=concurrency_buckets(concurrency, depth),
-                          show_progress=False)
+                          overlap=overlap, cost_cache_dir=None, show_progress=False)
     engine = Engine.from_pretrained(args.target, args.drafter, config=config)
     if planner_options and policy == "dynamic":
         _replace_planner(engine, planner_options)
@@ -65,97 +79,109 @@ def make_engine(args, *, policy: str, depth: int, concurrency: int, max_model_le
 def _replace_planner(engine, options: dict) -> None:
     from lightspec_jax.planner import make_planner
 
-    backend = engine.backend
-    old = backend.planner
-    backend.planner = make_planner("dynamic", old.spec, target_costs=old.target_costs,
-                                   draft_costs=old.draft_costs,
-                                   depth_costs=getattr(old, "depth_costs", None), **options)
+    old = engine.planner
+    engine.planner = make_planner("dynamic", old.spec, target_costs=old.target_costs,
+                                  draft_costs=old.draft_costs, depth_costs=old.depth_costs,
+                                  **options)
 
 
 class Recorder:
-    """Wraps the backend's dispatch to snapshot each speculative step's proposal and results."""
+    """Step observer of the instrumented run: each decode step's proposals and results.
+
+    After every step (overlap=False) it snapshots the device slot state: for each slot still
+    active, that is the proposal the next decode step verifies. A slot that decodes without
+    having been active at the snapshot completed its prompt in that same step, so it holds no
+    proposal; its request is the one admitted into the slot (owner or queued at the snapshot).
+    """
 
     def __init__(self, engine):
-        self.backend = engine.backend
-        self.steps = []  # dicts, one per speculative step
-        runner = self.backend.runner
-        run_spec = runner.run_spec
-        dispatch = self.backend._dispatch_spec
-        self._pre = None
+        self.engine = engine
+        self.steps = []  # dicts, one per decode step
+        self._snapshot()
+        engine.add_step_observer(self._on_step)
 
-        def run_spec_logged(inputs, *, rows, depth):
-            s = runner.state
-            self._pre = {k: np.asarray(getattr(s, k)) for k in
-                         ("seq_len", "draft_tokens", "draft_conf", "proposal_len")}
-            return run_spec(inputs, rows=rows, depth=depth)
+    def _snapshot(self) -> None:
+        state, scheduler = self.engine.runner.state, self.engine.scheduler
+        self._pre = {k: np.asarray(getattr(state, k)) for k in
+                     ("active", "seq_len", "last_token", "draft_tokens", "draft_conf",
+                      "proposal_len")}
+        self._owner = list(scheduler.owner)
+        self._candidates = [r for r in self._owner if r is not None] + list(scheduler.waiting)
 
-        def dispatch_logged(decodes, context):
-            plan, result, proposal_lens = dispatch(decodes, context)
-            res = {k: np.asarray(getattr(result, k)) for k in ("accepted", "verified")}
-            slots = np.array([r.slot for r in decodes])
-            pre = self._pre
-            self.steps.append(dict(
-                plan=plan, requests=list(decodes), slots=slots,
-                prompt_len=np.array([r.prompt_len for r in decodes]),
-                seq_len=pre["seq_len"][slots], plen=pre["proposal_len"][slots],
-                tokens=pre["draft_tokens"][slots], conf=pre["draft_conf"][slots],
-                accepted=res["accepted"][slots], verified=res["verified"][slots]))
-            return plan, result, proposal_lens
+    def _on_step(self, event) -> None:
+        if event.plan is not None:
+            self._record(event)
+        self._snapshot()
 
-        runner.run_spec = run_spec_logged
-        self.backend._dispatch_spec = dispatch_logged
+    def _record(self, event) -> None:
+        c, readback, pre = event.columns, event.readback, self._pre
+        slots = np.flatnonzero(readback[:, c.emitted] > 0)
+        k = pre["draft_tokens"].shape[1]
+        requests, seq_len, last, plen = [], [], [], []
+        tokens = np.zeros((len(slots), k), np.int64)
+        conf = np.zeros((len(slots), k), np.float32)
+        for i, s in enumerate(slots.tolist()):
+            if pre["active"][s]:
+                request = self._owner[s]
+                seq_len.append(pre["seq_len"][s])
+                last.append(pre["last_token"][s])
+                plen.append(pre["proposal_len"][s])
+                tokens[i], conf[i] = pre["draft_tokens"][s], pre["draft_conf"][s]
+            else:  # prefilled in this step: its first token is last_token, no proposal yet
+                request = next(r for r in self._candidates if r.slot == s)
+                seq_len.append(request.prompt_len)
+                last.append(-1)
+                plen.append(0)
+            requests.append(request)
+        self.steps.append(dict(
+            plan=event.plan, requests=requests, slots=slots,
+            prompt_len=np.array([r.prompt_len for r in requests]),
+            seq_len=np.array(seq_len), last_token=np.array(last), plen=np.array(plen),
+            tokens=tokens, conf=conf, accepted=readback[slots, c.accepted],
+            verified=readback[slots, c.verified], offered=readback[slots, c.offered]))
 
 
 class Clock:
-    """Times the serving loop without syncing anything extra: the period between consecutive
-    speculative reads (the real cost of a step in throughput terms), by kind of step, and the
-    planner's own host time (plan() and observe() run on the host every step)."""
+    """Step observer of a timed run; syncs nothing. The period between consecutive reads (the
+    real cost of a step in throughput terms), by kind of step, and the host time per step."""
 
     def __init__(self, engine):
-        backend = engine.backend
-        collect_spec = backend._collect_spec
-        self.rows = []  # (plan, period ms)
+        self.records = []  # every StepRecord of the run
+        self.rows = []  # (plan, period ms) of decode steps
         self.split = collections.defaultdict(lambda: [0.0, 0, 0])  # kind -> ms, steps, tokens
-        self.host = collections.defaultdict(float)  # planner method -> seconds
         self._last = None
+        engine.add_step_observer(self._on_step)
 
-        def timed(flight, *rest):
-            out = collect_spec(flight, *rest)
-            now = time.perf_counter()
-            if self._last is not None and flight.plan is not None:
-                ms = 1e3 * (now - self._last)
-                self.rows.append((flight.plan, ms))
-                plan = flight.plan
-                kind = ("with prefill" if flight.prefill_tokens is not None else
+    def _on_step(self, event) -> None:
+        now = time.perf_counter()
+        record, plan = event.record, event.plan
+        self.records.append(record)
+        if self._last is not None:
+            ms = 1e3 * (now - self._last)
+            if plan is None:
+                kind = "prefill only"
+            else:
+                self.rows.append((plan, ms))
+                kind = ("with prefill" if record.prefill_rows > 0 else
                         "no proposal yet" if plan.num_with_proposal < plan.num_requests
                         else "decode only")
-                cell = self.split[kind]
-                cell[0] += ms
-                cell[1] += 1
-                cell[2] += sum(len(t) for _, t in out)
-            self._last = now
-            return out
-
-        backend._collect_spec = timed
-        for name in ("plan", "observe"):
-            method = getattr(backend.planner, name)
-
-            def wrapped(*a, _method=method, _name=name, **kw):
-                start = time.perf_counter()
-                try:
-                    return _method(*a, **kw)
-                finally:
-                    self.host[_name] += time.perf_counter() - start
-
-            setattr(backend.planner, name, wrapped)
+            cell = self.split[kind]
+            cell[0] += ms
+            cell[1] += 1
+            cell[2] += record.emitted
+        self._last = now
 
     def split_report(self) -> str:
-        steps = max(len(self.rows), 1)
-        host = ", ".join(f"{k} {1e3 * v / steps:.3f}" for k, v in sorted(self.host.items()))
+        records = self.records
+        planned = max(sum(r.verify_rows > 0 for r in records), 1)
+        host = sum(r.host_ms for r in records) / max(len(records), 1)
+        wait = sum(r.wait_ms for r in records) / max(len(records), 1)
+        plan = sum(r.plan_ms for r in records) / planned
         return ("  loop time by step kind: " + "; ".join(
             f"{k}: {ms:.0f} ms, {n} steps, {tok} tokens ({ms / max(tok, 1):.2f} ms/token)"
             for k, (ms, n, tok) in sorted(self.split.items()))
-            + f"\n  planner host ms per step: {host}")
+            + f"\n  host ms per step {host:.3f} (blocked on the device {wait:.3f} more); "
+            f"planner plan()+observe() ms per decode step {plan:.3f}")
 
     def report(self) -> str:
         rows = [(p, ms) for p, ms in self.rows if np.isfinite(p.predicted_ms)]
@@ -199,19 +225,27 @@ def full_acceptance(step, outputs: dict) -> np.ndarray:
     return out
 
 
+def snapshot_consistent(step, outputs: dict) -> bool:
+    """The snapshot is the proposal the device verified: its length is what the step says the
+    proposal offered, and its last_token is the request's output at seq_len."""
+    if (step["plen"] != step["offered"]).any():
+        return False
+    for i, request in enumerate(step["requests"]):
+        if step["last_token"][i] >= 0:
+            base = int(step["seq_len"][i] - step["prompt_len"][i])
+            if outputs[request][base] != step["last_token"][i]:
+                return False
+    return True
+
+
 def survival_fill(conf: np.ndarray, plen: np.ndarray, rows: int) -> np.ndarray:
-    """Lengths the device fill would verify: top `rows` by prefix survival (target rows first)."""
-    n, k = conf.shape
-    c = np.clip(np.nan_to_num(conf, nan=0.0), 0.01, 0.99).astype(np.float32)
-    surv = np.cumprod(c, axis=1)
-    score = np.concatenate([np.full((n, 1), 2.0, np.float32), surv], axis=1)  # [N, K+1]
-    valid = np.arange(k + 1)[None, :] <= plen[:, None]
-    flat = np.where(valid, score, -1.0).reshape(-1)
-    order = np.argsort(-flat, kind="stable")[:min(rows, flat.size)]
-    chosen = np.zeros(flat.size, bool)
-    chosen[order] = True
-    chosen = chosen.reshape(n, k + 1) & valid
-    return np.maximum(chosen.sum(1) - 1, 0)
+    """Drafts per request the device fill verifies with `rows` rows (the reference kernel)."""
+    from lightspec_jax.pallas_kernels import fill_reference
+
+    n = len(plen)
+    result = fill_reference(conf, plen.astype(np.int32), np.ones(n, bool),
+                            num_rows=max(int(rows), 1))
+    return np.asarray(result.lengths)
 
 
 def oracle_fill(a_full: np.ndarray, rows: int) -> float:
@@ -249,6 +283,7 @@ def analyse(recorder: Recorder, outputs: dict, k_static: int = 3) -> dict:
             fill=plan.fill_rows, bucket=plan.verify_rows, used=int(step["verified"].sum() + n),
             committed=int((acc + 1).sum()), pred_tokens=plan.predicted_tokens,
             pred_ms=plan.predicted_ms, consistent=consistent,
+            snapshot_consistent=snapshot_consistent(step, outputs),
             full=int((np.minimum(af, step["plen"]) + 1).sum()),
             static_k=int((np.minimum(af, k_static) + 1).sum()),
             static_k_rows=static_rows,
@@ -314,9 +349,10 @@ def print_report(label: str, analysis: dict, planner, startup_table: dict,
     print(f"tokens per verified row: actual {tot('committed') / tot('used'):.3f}  "
           f"K=3 fill {tot('static_k') / tot('static_k_rows'):.3f}")
     print(f"exact-match consistent (accepted == min(A_full, verified)): "
-          f"{all(r['consistent'] for r in rows)}; device fill == host survival fill: "
-          f"{sum(r['same_fill_rows'] for r in rows)}/{steps}; steps whose drafted depth != "
-          f"planned depth: {analysis['depth_mismatch_steps']}")
+          f"{all(r['consistent'] for r in rows)}; state snapshot == verified proposal: "
+          f"{sum(r['snapshot_consistent'] for r in rows)}/{steps}; device fill == reference "
+          f"survival fill: {sum(r['same_fill_rows'] for r in rows)}/{steps}; steps whose "
+          f"drafted depth != planned depth: {analysis['depth_mismatch_steps']}")
     depths = collections.Counter(r["depth"] for r in rows)
     fills = collections.Counter((r["d_prev"], r["fill"], r["bucket"]) for r in rows)
     print("draft depth chosen:", dict(sorted(depths.items())))
@@ -339,17 +375,17 @@ def print_report(label: str, analysis: dict, planner, startup_table: dict,
         np.set_printoptions(precision=3, suppress=True, linewidth=140)
         print("planner survival[1..K]:", stats.survival[1:])
         print("measured P(A>=j)     :", true_survival[1:])
+        # The planner's per-key evidence is internal state (read, never changed).
         keys = stats._progress
         light = {k: e for k, e in keys.items() if e[3] < 1.0}
-        gaps = []
-        for (n, u, d), e in keys.items():
-            prior = float(stats._prior(n, np.array([u]), d)[0])
-            gaps.append((e[3], abs(e[0] - prior)))
-        gaps = np.array(gaps)
+        gaps = np.array([(e[3], abs(e[0] - float(stats._prior(n, np.array([u]), d)[0])))
+                         for (n, u, d), e in keys.items()]).reshape(-1, 2)
+        w_light = gaps[:, 0] < 1
         print(f"progress keys: {len(keys)}; with less than one full-weight step of evidence "
               f"(W < 1, i.e. < sample_floor={stats.sample_floor} requests): {len(light)}; "
-              f"|EMA - survival fill| mean {gaps[:, 1].mean():.3f} for W<1 keys "
-              f"{gaps[gaps[:, 0] < 1, 1].mean() if (gaps[:, 0] < 1).any() else float('nan'):.3f}")
+              f"|EMA - survival fill| mean "
+              f"{gaps[:, 1].mean() if len(gaps) else float('nan'):.3f} for W<1 keys "
+              f"{gaps[w_light, 1].mean() if w_light.any() else float('nan'):.3f}")
     for name, after in _tables(planner).items():
         print(f"{name} cost table, ms (start-up sweep -> after serving, samples):")
         _print_table(startup_table[name], after)
@@ -359,7 +395,7 @@ def print_report(label: str, analysis: dict, planner, startup_table: dict,
 
 
 def _tables(planner) -> dict:
-    """The planner's non-empty cost tables as JSON (the depth table exists after the fix)."""
+    """The planner's non-empty cost tables as JSON."""
     out = {}
     for name in ("target", "draft", "depth"):
         table = getattr(planner, f"{name}_costs", None)
@@ -369,13 +405,25 @@ def _tables(planner) -> dict:
 
 
 def _print_table(before: dict, after: dict) -> None:
-    ref = next(c["rows"] for c in before["columns"]
-               if c["context_len"] == before["reference_context"])
+    ref = next((c["rows"] for c in before["columns"]
+                if c["context_len"] == before["reference_context"]), {})
     for col in after["columns"]:
         cells = ", ".join(
             f"{r}:{ref.get(r, float('nan')):.2f}->{ms:.2f}({col['counts'][r]})"
             for r, ms in col["rows"].items())
         print(f"  context {col['context_len']}: {cells}")
+
+
+def run_instrumented(engine, prompts, params) -> tuple[Recorder, dict]:
+    """Serves the prompts one step() at a time under a Recorder; returns it and each request's
+    final output (Request -> token ids)."""
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(f"diagnose-{i}", prompt, p)
+    recorder = Recorder(engine)  # after queueing: the first snapshot sees the queued requests
+    while engine.has_unfinished_requests():
+        engine.step()
+    requests = {r for s in recorder.steps for r in s["requests"]}
+    return recorder, {r: list(r.output_token_ids) for r in requests}
 
 
 def run(args) -> int:
@@ -400,16 +448,15 @@ def run(args) -> int:
                 opts = json.loads("{" + extra) if extra else options
                 engine = make_engine(args, policy=name, depth=depth, concurrency=c,
                                      max_model_len=max_len, planner_options=opts)
-                planner = engine.backend.planner
+                planner = engine.planner
                 startup = _tables(planner)
                 engine.generate(prompts[:c], params[:c])  # warm-up
-                first = len(engine.stats.steps)
                 clock = Clock(engine)
                 start = time.perf_counter()
                 outs = engine.generate(prompts, params)
                 wall = time.perf_counter() - start
                 tokens = sum(len(o.token_ids) for o in outs)
-                st = engine.stats.steps[first:]
+                st = [r for r in clock.records if r.verify_rows > 0]
                 m = [o.metrics for o in outs]
                 acc_len = 1 + sum(x.accepted for x in m) / max(sum(x.steps for x in m), 1)
                 committed = sum(x.accepted + x.num_requests for x in st)
@@ -431,24 +478,18 @@ def run(args) -> int:
         if args.no_instrument:
             continue
         engine = make_engine(args, policy="dynamic", depth=args.max_depth, concurrency=c,
-                             max_model_len=max_len, planner_options=options)
-        planner = engine.backend.planner
+                             max_model_len=max_len, planner_options=options, overlap=False)
+        planner = engine.planner
         startup = _tables(planner)
-        rec = Recorder(engine)
         engine.generate(prompts[:c], params[:c])  # warm-up: statistics start here as in serving
-        start_step = len(rec.steps)
-        outs = engine.generate(prompts, params)
-        requests = {r for s in rec.steps for r in s["requests"]}
-        outputs = {r: list(r.output_token_ids) for r in requests}
-        rec.steps = rec.steps[start_step:]
+        rec, outputs = run_instrumented(engine, prompts, params)
         analysis = analyse(rec, outputs)
         print_report(f"{args.workload} c={c} dynamic K<={args.max_depth} (instrumented)",
                      analysis, planner, startup, measured_survival(rec, outputs, args.max_depth),
-                     engine.backend.profile)
+                     engine.cost_profile)
         if args.dump:
             with open(f"{args.dump}-c{c}.json", "w") as f:
-                json.dump([{k: v for k, v in r.items()} for r in analysis["rows"]], f)
-        del outs
+                json.dump(analysis["rows"], f)
     return 0
 
 

@@ -56,13 +56,18 @@ def make_engine(policy: str, k: int, c: int, args, *, overlap=True, cache_dir=No
 
 def serve(engine, prompts, params):
     start = time.perf_counter()
-    steps_before = len(engine.stats.steps) if engine.stats else 0
+    records = engine.step_records()
+    first = records[-1].index if records else 0
     outs = engine.generate(prompts, params)
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
-    row = {"tok_s": tokens / wall, "wall_s": wall}
-    if engine.stats:
-        steps = engine.stats.steps[steps_before:]
+    window = [r for r in engine.step_records() if r.index > first]
+    decodes = [r for r in window if r.verify_rows]
+    row = {"tok_s": tokens / wall, "wall_s": wall, "decode_steps": len(decodes),
+           "host_ms_per_step": statistics.mean(r.host_ms for r in window),
+           "step_ms": 1e3 * wall / max(len(window), 1)}
+    if engine.planner is not None:
+        steps = decodes
         m = [o.metrics for o in outs]
         accepted, verified, req_steps = (sum(x.accepted for x in m), sum(x.verified for x in m),
                                          sum(x.steps for x in m))
@@ -77,9 +82,9 @@ def serve(engine, prompts, params):
 
 def device_ms(engine, steps) -> float:
     """Bare device time of the executed steps, priced by the start-up bucket sweep."""
-    prof = engine.backend.profile
+    prof = engine.cost_profile
     return sum(prof.target.estimate(s.verify_rows) + prof.draft.estimate(s.verify_rows)
-               + prof.draft_depth_ms[s.draft_depth] for s in steps)
+               + prof.draft_depth_ms.get(s.draft_depth, 0.0) for s in steps)
 
 
 def main(argv=None):
@@ -113,8 +118,7 @@ def main(argv=None):
                 off, _ = make_engine(policy, k, c, args, overlap=False)
                 off.generate(prompts[:c], params)
                 row_off = serve(off, prompts, params)
-                on_steps = engine.stats.steps[-row["spec_steps"]:]
-                off_steps = off.stats.steps[-row_off["spec_steps"]:]
+                off_steps = [r for r in off.step_records() if r.verify_rows][-row_off["spec_steps"]:]
                 t_on = row["wall_s"] / row["spec_steps"] * 1e3
                 t_off = row_off["wall_s"] / row_off["spec_steps"] * 1e3
                 t_dev = device_ms(off, off_steps) / len(off_steps)

@@ -12,15 +12,18 @@ from .config import EngineConfig, Policy, SamplingParams, SpeculativeConfig
 
 __version__ = "0.1.0"
 
+from .errors import RequestError
+
 _LAZY = {
+    "CheckpointError": ".checkpoint",
     "Engine": ".engine",
     "FinishReason": ".request",
-    "RequestError": ".request",
     "RequestOutput": ".request",
+    "StepEvent": ".engine",
 }
 
-__all__ = ["Engine", "EngineConfig", "FinishReason", "Policy", "RequestError", "RequestOutput",
-           "SamplingParams", "SpeculativeConfig"]
+__all__ = ["CheckpointError", "Engine", "EngineConfig", "FinishReason", "Policy", "RequestError",
+           "RequestOutput", "SamplingParams", "SpeculativeConfig", "StepEvent"]
 
 
 def __getattr__(name: str):

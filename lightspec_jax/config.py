@@ -10,6 +10,8 @@ import dataclasses
 import enum
 import os
 
+from .errors import RequestError
+
 
 class Policy(str, enum.Enum):
     NONE = "none"  # plain decoding
@@ -46,7 +48,9 @@ def _default_cache_dir() -> str:
 class EngineConfig:
     max_num_seqs: int = 16  # N: request slots decoded together
     max_model_len: int = 2048  # prompt + generated tokens per request
-    dtype: str = "bfloat16"  # parameter and activation dtype
+    # Parameter and activation dtype. "auto": bfloat16 on a GPU or TPU, float32 on a CPU, where
+    # bfloat16 matmuls run 4-60x slower (no native bf16 arithmetic in XLA's CPU backend).
+    dtype: str = "auto"
     # Flat rows one step may carry (decode rows + prefill chunk rows); long prompts are split
     # into chunks so they never stall running decodes for their whole length.
     max_num_batched_tokens: int = 256
@@ -69,6 +73,11 @@ class EngineConfig:
     synthetic_acceptance: str | None = None
     # Persistent XLA compilation cache (None disables it); a second start is then fast.
     compilation_cache_dir: str | None = dataclasses.field(default_factory=_default_cache_dir)
+    # Cost tables measured by the start-up bucket sweep, cached by model, drafter, dtype,
+    # buckets, device and versions (any change misses), so a second start skips the sweep;
+    # the online refresh writes the cache back. "auto": beside compilation_cache_dir (off
+    # when that is None); None: off. An explicit cost_table_path takes precedence.
+    cost_cache_dir: str | None = "auto"
     # Raise if anything compiles while serving: every device step must come from the registry.
     forbid_recompile: bool = True
     seed: int = 0  # engine-level randomness for requests sampled without their own seed
@@ -83,8 +92,9 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs}) so every running request gets its decode row each step")
-        if self.dtype not in ("bfloat16", "float16", "float32"):
-            raise ValueError(f"dtype must be 'bfloat16', 'float16' or 'float32', got {self.dtype!r}")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be 'auto', 'bfloat16', 'float16' or 'float32', got "
+                             f"{self.dtype!r}")
         if self.row_buckets is not None:
             buckets = tuple(sorted(set(self.row_buckets)))
             if not buckets or buckets[0] < 1:
@@ -103,16 +113,31 @@ class EngineConfig:
             object.__setattr__(self, "verify_buckets", buckets)
 
     @property
+    def resolved_cost_cache_dir(self) -> str | None:
+        if self.cost_cache_dir != "auto":
+            return self.cost_cache_dir
+        if self.compilation_cache_dir is None:
+            return None
+        return os.path.join(os.path.dirname(os.path.abspath(self.compilation_cache_dir)),
+                            "cost_tables")
+
+    @property
+    def resolved_dtype(self) -> str:
+        """The dtype the engine uses: `dtype`, with "auto" resolved for the default backend."""
+        if self.dtype != "auto":
+            return self.dtype
+        import jax
+
+        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+    @property
     def buckets(self) -> tuple[int, ...]:
         """The compiled row counts of the plain (prefill + decode) step."""
         if self.row_buckets is not None:
             return self.row_buckets
-        out, b = [], 8
-        while b < self.max_num_batched_tokens:
-            out.append(b)
-            b *= 2
-        out.append(self.max_num_batched_tokens)
-        return tuple(sorted(set(out)))
+        from .engine.buckets import powers_of_two
+
+        return powers_of_two(self.max_num_batched_tokens, start=8)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -127,18 +152,18 @@ class SamplingParams:
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+            raise RequestError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature < float("inf"):
-            raise ValueError(f"temperature must be a finite float >= 0, got {self.temperature!r}")
+            raise RequestError(f"temperature must be a finite float >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+            raise RequestError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**32):
-            raise ValueError(f"seed must be None or an int in [0, 2**32), got {self.seed!r}")
+            raise RequestError(f"seed must be None or an int in [0, 2**32), got {self.seed!r}")
         stops = tuple(self.stop_token_ids)
         if any(not isinstance(t, int) or t < 0 for t in stops):
-            raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+            raise RequestError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", stops)
 
     @property

@@ -9,8 +9,7 @@ from .config import SamplingParams
 from .metrics import SpecCounters
 
 
-class RequestError(ValueError):
-    """A bad request, refused at the call that made it; other requests are not affected."""
+from .errors import RequestError  # noqa: F401  (re-exported: its historical home)
 
 
 class FinishReason(str, enum.Enum):
@@ -19,16 +18,52 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"
 
 
-@dataclasses.dataclass(frozen=True)
 class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]  # every generated token so far
-    new_token_ids: list[int]  # generated since the previous report of this request
-    finished: bool
-    finish_reason: str | None
-    text: str | None = None  # decoded token_ids when the engine has a tokenizer
-    metrics: SpecCounters | None = None  # speculative counters (None in plain decoding)
+    """What step() and generate() report for a request.
+
+    `new_token_ids`, `finished` and `finish_reason` are set when it is built; `token_ids`,
+    `prompt_token_ids`, `text` and `metrics` are computed when read, so a serving loop pays
+    only for what it looks at (a step at high concurrency reports hundreds of requests).
+    """
+
+    __slots__ = ("request_id", "new_token_ids", "finished", "finish_reason", "_request",
+                 "_count", "_metrics")
+
+    def __init__(self, request: "Request", new_token_ids: list[int], count: int, metrics):
+        self.request_id = request.request_id
+        self.new_token_ids = new_token_ids  # generated since the previous report
+        self.finished = request.finished
+        self.finish_reason = None if request.finish_reason is None else request.finish_reason.value
+        self._request = request
+        self._count = count
+        self._metrics = metrics
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every generated token up to this report."""
+        return self._request.output_token_ids[:self._count]
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return list(self._request.prompt_token_ids)
+
+    @property
+    def text(self) -> str | None:
+        """token_ids decoded (None without a tokenizer), incrementally across reports."""
+        detok = self._request.detokenizer
+        return None if detok is None else detok.update(self._request.output_token_ids,
+                                                       self._count)
+
+    @property
+    def metrics(self) -> SpecCounters | None:
+        """Speculative counters (None in plain decoding): final once finished, else as of
+        when read."""
+        return self._metrics() if callable(self._metrics) else self._metrics
+
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id!r}, new_token_ids="
+                f"{self.new_token_ids!r}, finished={self.finished}, "
+                f"finish_reason={self.finish_reason!r}, tokens={self._count})")
 
 
 @dataclasses.dataclass(eq=False)
@@ -38,13 +73,14 @@ class Request:
     params: SamplingParams
     seed: int  # resolved: the request's own seed or one drawn from the engine
     stop_ids: frozenset[int]
+    allowance: int  # tokens it may emit: max_tokens, capped by max_model_len
     slot: int | None = None
     num_prefilled: int = 0  # prompt tokens whose K/V are in the cache
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     num_reported: int = 0  # output tokens already handed out by step()
     finish_reason: FinishReason | None = None
-    proposal_len: int = 0  # draft tokens the device holds for the next verify
-    spec: SpecCounters | None = None
+    spec: SpecCounters | None = None  # final counters, set when it finishes
+    detokenizer: object | None = None  # tokenizer.IncrementalDetokenizer, if there is one
 
     @property
     def prompt_len(self) -> int:
@@ -62,12 +98,10 @@ class Request:
     def total_len(self) -> int:
         return self.prompt_len + len(self.output_token_ids)
 
-    def report(self, text: str | None = None) -> RequestOutput:
-        new = self.output_token_ids[self.num_reported:]
-        self.num_reported = len(self.output_token_ids)
-        return RequestOutput(
-            request_id=self.request_id, prompt_token_ids=list(self.prompt_token_ids),
-            token_ids=list(self.output_token_ids), new_token_ids=list(new),
-            finished=self.finished,
-            finish_reason=None if self.finish_reason is None else self.finish_reason.value,
-            text=text, metrics=None if self.spec is None else self.spec.snapshot())
+    def report(self, metrics) -> RequestOutput:
+        """The output since the last report; `metrics` is SpecCounters, a zero-argument
+        callable giving them, or None."""
+        count = len(self.output_token_ids)
+        new = self.output_token_ids[self.num_reported:count]
+        self.num_reported = count
+        return RequestOutput(self, new, count, metrics)

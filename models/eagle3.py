@@ -20,7 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import cached_attention, write_kv
+from lightspec_jax.pallas_kernels import verify_attention
+
+from .attention import write_kv
 from .config import ConfigError, Qwen3Config, check_attention_fields
 from .kv_cache import KVCache
 from .layers import apply_rope, rms_norm, rope_cos_sin, swiglu
@@ -206,7 +208,7 @@ class Eagle3(nnx.Module):
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)  # [T, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         ck, cv = write_kv(cache.k, cache.v, 0, slots, positions, k, v)
-        attn = cached_attention(q, ck, cv, 0, slots, positions)  # [T, Q, D]
+        attn = verify_attention(q, ck, cv, slots, positions, layer=0)  # [T, Q, D]
 
         r = (h if cfg.norm_before_residual else x) + jnp.einsum("tqd,qdh->th", attn, p.o_proj[...])
         r = r + swiglu(rms_norm(r, p.post_attention_layernorm[...], eps), p.gate_proj[...],

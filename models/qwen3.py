@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import cached_attention, write_kv
+from lightspec_jax.pallas_kernels import verify_attention
+
+from .attention import write_kv
 from .config import Qwen3Config
 from .kv_cache import KVCache
 from .layers import apply_rope, rms_norm, rope_cos_sin, swiglu
@@ -151,7 +153,7 @@ def _decoder_layer(cfg: Qwen3Config, p: dict[str, jax.Array], layer: jax.Array, 
     q = apply_rope(rms_norm(q, p["q_norm"], eps), cos, sin)
     k = apply_rope(rms_norm(k, p["k_norm"], eps), cos, sin)
     ck, cv = write_kv(ck, cv, layer, slots, positions, k, v)
-    attn = cached_attention(q, ck, cv, layer, slots, positions)  # [T, Q, D]
+    attn = verify_attention(q, ck, cv, slots, positions, layer=layer)  # [T, Q, D]
     x = x + jnp.einsum("tqd,qdh->th", attn, p["o_proj"])
     h = rms_norm(x, p["post_norm"], eps)
     x = x + swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"])

@@ -1,22 +1,31 @@
 """Pallas kernels of the speculative step: fill (choose verify rows), verify, commit,
-and the verify-batch attention.
+and the verify-batch attention the models call once per layer.
 
-Each op runs its Triton-route Pallas kernel on a GPU and its plain-jnp ``*_reference`` elsewhere;
-``impl="pallas"|"reference"`` and ``interpret=True`` override that (see ``_backend.use_pallas``).
+Each op runs its Triton-route Pallas kernel on a GPU and its plain-jnp ``<op>_reference``
+elsewhere; ``impl="pallas"|"reference"`` and ``interpret=True`` override that, and the
+``REFERENCE_OPS_ENV`` variable (LIGHTSPEC_REFERENCE_OPS) sends the named ``OPS`` to their
+reference on a GPU too. ``use_pallas`` says which route an op takes. Code outside this package
+imports only from here, never from its private modules.
 """
 
+from ._backend import OPS, REFERENCE_OPS_ENV, Impl, use_pallas
 from .commit import CommitResult, commit, commit_reference
 from .fill import FillResult, fill, fill_reference
 from .verify import verify, verify_reference
-from .verify_attention import verify_attention, verify_attention_reference
+from .verify_attention import CACHE_LEN_MULTIPLE, verify_attention, verify_attention_reference
 
 __all__ = [
+    "CACHE_LEN_MULTIPLE",
+    "OPS",
+    "REFERENCE_OPS_ENV",
     "CommitResult",
     "FillResult",
+    "Impl",
     "commit",
     "commit_reference",
     "fill",
     "fill_reference",
+    "use_pallas",
     "verify",
     "verify_attention",
     "verify_attention_reference",

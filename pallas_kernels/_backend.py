@@ -69,13 +69,6 @@ def pow2_at_least(n: int, minimum: int = MAX_WIDTH) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def largest_pow2_divisor(n: int, cap: int) -> int:
-    """The largest power of two dividing ``n``, at most ``cap`` (a chunk width with no tail)."""
-    if n <= 0:
-        raise ValueError(f"expected a positive size, got {n}")
-    return min(n & -n, cap)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TritonTuning:
     """A named Triton launch configuration (warps per program, software-pipeline stages)."""
@@ -95,8 +88,6 @@ FILL_TUNING = TritonTuning(name="fill_select", num_warps=8)
 LAYOUT_TUNING = TritonTuning(name="fill_layout", num_warps=4)
 # verify and commit work on independent blocks of slots: small programs, many of them.
 SLOT_BLOCK_TUNING = TritonTuning(name="slot_block", num_warps=4)
-# Row gather of hidden states: pure memory traffic in [slots, feature chunk] tiles.
-ROW_GATHER_TUNING = TritonTuning(name="row_gather", num_warps=4)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,15 +1,14 @@
-"""commit: apply one step's verified tokens to the slots, and keep the drafter's next hidden row.
+"""commit: apply one step's verified tokens to the slots.
 
 After ``verify`` a stepped slot (active, with a verify row) has num_new = accepted + 1 target
 tokens. The KV of last_token and the accepted drafts is now valid, so seq_len grows by
 accepted + 1 and the bonus token becomes the new last_token; KV written for rejected rows lies
 beyond seq_len and is overwritten next step (reference/lightspec-algorithm.md §8). What the
 request may emit is cut at its first stop id (inclusive) and at its remaining token allowance.
-The verify row of the bonus token, row_start + accepted, holds the hidden state the drafter
-continues from, so its row is gathered here.
+The verify row of the bonus token, row_start + accepted, is where the drafter continues from;
+commit returns its index (the drafter reads that row's hidden state itself).
 
-Axis legend: N slots, K max draft depth (K+1 <= 16), B verify rows, S stop ids per slot,
-F feature width of the kept hidden states.
+Axis legend: N slots, K max draft depth (K+1 <= 16), B verify rows, S stop ids per slot.
 """
 
 from __future__ import annotations
@@ -22,22 +21,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ._backend import (
-    MAX_WIDTH,
-    ROW_GATHER_TUNING,
-    SLOT_BLOCK_TUNING,
-    Impl,
-    largest_pow2_divisor,
-    pow2_at_least,
-    use_pallas,
-)
+from ._backend import MAX_WIDTH, SLOT_BLOCK_TUNING, Impl, pow2_at_least, use_pallas
 from .fill import FillResult
 
 _SLOTS_PER_BLOCK = 32
-# Hidden-row gather tiles: [8 slots, up to 1024 features]. F = 3 * 5120 gives 15 chunks of 1024;
-# a width without a power-of-two factor of 64 or more works but launches many tiny programs.
-_GATHER_SLOTS = 8
-_GATHER_MAX_FEATURES = 1024
 
 
 class CommitResult(NamedTuple):
@@ -48,7 +35,6 @@ class CommitResult(NamedTuple):
     new_seq_len:    i32[N] seq_len + accepted + 1 for stepped slots, unchanged otherwise.
     new_last_token: i32[N] the bonus token; -1 for slots that did not step.
     tail_row:       i32[N] row_start + accepted, the verify row the next proposal starts from.
-    tail_hidden:    [N, F] hidden[tail_row]; zeros for slots that did not step.
     """
 
     num_emitted: jax.Array
@@ -56,11 +42,10 @@ class CommitResult(NamedTuple):
     new_seq_len: jax.Array
     new_last_token: jax.Array
     tail_row: jax.Array
-    tail_hidden: jax.Array
 
 
 def _check_commit_args(
-    out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining, hidden
+    out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining
 ) -> None:
     if out_tokens.ndim != 2 or not 2 <= out_tokens.shape[1] <= MAX_WIDTH:
         raise ValueError(
@@ -82,11 +67,6 @@ def _check_commit_args(
             )
     if stop_ids.ndim != 2 or stop_ids.shape[0] != n:
         raise ValueError(f"stop_ids must be [N={n}, S], got {stop_ids.shape}")
-    b = fill.row_slot.shape[0]
-    if hidden.ndim != 2 or hidden.shape[0] != b:
-        raise ValueError(
-            f"hidden must be [B, F] with one row per verify row (B={b}), got {hidden.shape}"
-        )
 
 
 def commit_reference(
@@ -98,16 +78,13 @@ def commit_reference(
     active: jax.Array,
     stop_ids: jax.Array,
     remaining: jax.Array,
-    hidden: jax.Array,
 ) -> CommitResult:
     """Plain-jnp commit: stop matching by broadcasting against all stop ids."""
-    out_tokens, num_new, accepted, seq_len, active, stop_ids, remaining, hidden = map(
-        jnp.asarray, (out_tokens, num_new, accepted, seq_len, active, stop_ids, remaining, hidden)
+    out_tokens, num_new, accepted, seq_len, active, stop_ids, remaining = map(
+        jnp.asarray, (out_tokens, num_new, accepted, seq_len, active, stop_ids, remaining)
     )
     fill = FillResult(*map(jnp.asarray, fill))
-    _check_commit_args(
-        out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining, hidden
-    )
+    _check_commit_args(out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining)
     n, width = out_tokens.shape
     stepped = active.astype(bool) & fill.slot_valid  # [N]
     offset = jnp.arange(width, dtype=jnp.int32)  # [K+1]
@@ -121,15 +98,12 @@ def commit_reference(
     finished = stepped & ((first_stop < emitted) | (emitted >= remaining))
 
     bonus = jnp.take_along_axis(out_tokens, accepted[:, None], axis=1)[:, 0]
-    tail_row = (fill.row_start + accepted).astype(jnp.int32)
-    kept = hidden.at[tail_row].get(mode="fill", fill_value=0)  # [N, F]
     return CommitResult(
         num_emitted=emitted,
         finished=finished,
         new_seq_len=jnp.where(stepped, seq_len + accepted + 1, seq_len).astype(jnp.int32),
         new_last_token=jnp.where(stepped, bonus, -1).astype(jnp.int32),
-        tail_row=tail_row,
-        tail_hidden=jnp.where(stepped[:, None], kept, 0).astype(hidden.dtype),
+        tail_row=(fill.row_start + accepted).astype(jnp.int32),
     )
 
 
@@ -176,17 +150,6 @@ def _commit_tokens_kernel(
     tail_row_ref[...] = row_start_ref[...] + accepted
 
 
-def _gather_rows_kernel(
-    rows_ref,  # i32[SG] source row per slot, clamped into [0, B)
-    keep_ref,  # i32[SG] 0 -> write zeros
-    hidden_ref,  # [B, FB] one feature chunk of every verify row
-    out_ref,  # out [SG, FB]
-):
-    values = hidden_ref[rows_ref[...], :]  # [SG, FB]
-    keep = (keep_ref[...] != 0)[:, None]
-    out_ref[...] = jnp.where(keep, values, jnp.zeros((), out_ref.dtype))
-
-
 @functools.partial(jax.jit, static_argnames=("impl", "interpret"))
 def commit(
     out_tokens: jax.Array,
@@ -197,7 +160,6 @@ def commit(
     active: jax.Array,
     stop_ids: jax.Array,
     remaining: jax.Array,
-    hidden: jax.Array,
     *,
     impl: Impl = None,
     interpret: bool = False,
@@ -212,18 +174,14 @@ def commit(
       stop_ids: i32[N, S] EOS and stop ids per request, -1 padded.
       remaining: i32[N] tokens the request may still emit
         (min(max_tokens - generated, max_model_len - current length)).
-      hidden: [B, F] per-verify-row hidden states the drafter consumes (f32 or bf16).
     """
-    _check_commit_args(
-        out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining, hidden
-    )
+    _check_commit_args(out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining)
     if not use_pallas(impl, interpret=interpret, op="commit"):
         return commit_reference(
-            out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining, hidden
+            out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining
         )
 
     n, width = out_tokens.shape
-    b, f = hidden.shape
     n_pad = pow2_at_least(n)
     s_pad = pow2_at_least(stop_ids.shape[1], minimum=1)
     block = min(n_pad, _SLOTS_PER_BLOCK)
@@ -265,30 +223,10 @@ def commit(
         pad_slots(remaining),
     )
 
-    # Feature chunks divide F exactly, so no chunk needs a tail mask.
-    chunk = largest_pow2_divisor(f, _GATHER_MAX_FEATURES)
-    slots_per_gather = min(n_pad, _GATHER_SLOTS)
-    gather_slot = pl.BlockSpec((slots_per_gather,), lambda s, c: (s,))
-    tail_hidden = pl.pallas_call(
-        _gather_rows_kernel,
-        grid=(n_pad // slots_per_gather, f // chunk),
-        in_specs=[
-            gather_slot,
-            gather_slot,
-            pl.BlockSpec((b, chunk), lambda s, c: (0, c)),
-        ],
-        out_specs=pl.BlockSpec((slots_per_gather, chunk), lambda s, c: (s, c)),
-        out_shape=jax.ShapeDtypeStruct((n_pad, f), hidden.dtype),
-        compiler_params=ROW_GATHER_TUNING.compiler_params(),
-        interpret=interpret,
-        name="lightspec_gather_tail_hidden",
-    )(jnp.clip(tail_row, 0, b - 1), pad_slots(stepped), hidden)
-
     return CommitResult(
         num_emitted=num_emitted[:n],
         finished=finished[:n] != 0,
         new_seq_len=new_seq_len[:n],
         new_last_token=new_last_token[:n],
         tail_row=tail_row[:n],
-        tail_hidden=tail_hidden[:n],
     )

@@ -2,7 +2,12 @@
 
 Row t carries (row_slot[t], row_pos[t]) and attends to positions 0 .. row_pos[t] of its slot's
 cache strip, the positions the step has just written included, so the rows of one request see
-each other causally. Padding rows (row_slot = N) output zeros and read nothing.
+each other causally. One op therefore serves prefill chunks, plain decode and speculative
+verification alike; the models call it once per layer. Padding rows (row_slot = N, out of
+range, whose KV writes the caller drops) give unspecified finite values that callers ignore.
+
+On a GPU the op runs the Pallas kernel below; elsewhere ``verify_attention_reference``, a
+blockwise jnp online softmax that the CPU engine runs, so it too reads only the live context.
 
 The GPU kernel is laid out for the verify batch: rows are ordered by (slot, offset), so each
 request's rows are contiguous. The wrapper cuts them into *chunks*, runs of at most R rows of
@@ -35,6 +40,9 @@ from ._backend import VERIFY_ATTENTION_TUNING, AttentionTuning, Impl, pow2_at_le
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 # Triton's tl.dot needs every matrix dimension >= 16.
 _MIN_DOT = 16
+# The kernel reads KV in power-of-two blocks that divide S, of at least _MIN_DOT positions: the
+# cache lengths it accepts are multiples of this (the reference takes any length).
+CACHE_LEN_MULTIPLE = _MIN_DOT
 
 
 def _check_args(q, k_cache, v_cache, row_slot, row_pos, layer) -> None:
@@ -54,28 +62,59 @@ def _check_args(q, k_cache, v_cache, row_slot, row_pos, layer) -> None:
                          f"to match q {q.shape}")
 
 
-def verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, *, layer=None):
-    """Plain-jnp masked softmax over each row's whole slot strip (memory T x S; for tests)."""
+def verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, *, layer=None,
+                               block: int = 128):
+    """Plain-jnp attention, read blockwise with an online softmax (the CPU engine's path).
+
+    The cache is read in blocks of ``block`` positions and only up to the largest real row's
+    position, so the cost follows the live context, not the cache length. Each row gathers its
+    own slot's block, so a request's KV is read once per row (the kernel reads it once per
+    request). Invisible entries are zeroed before they touch a sum: a stale (even NaN) entry
+    past a row's position never leaks into its output.
+    """
     _check_args(q, k_cache, v_cache, row_slot, row_pos, layer)
-    if layer is not None:
-        k_cache, v_cache = k_cache[layer], v_cache[layer]  # [N, S, G, D]
-    t, num_q, d = q.shape
-    n, s, g, _ = k_cache.shape
+    if layer is None:
+        k_cache, v_cache, layer = k_cache[None], v_cache[None], 0  # [1, N, S, G, D], free
+    num_rows, num_q, head_dim = q.shape
+    _, n, s, g, _ = k_cache.shape
+    block = min(block, s)  # need not divide S: positions past the strip are clipped and masked
     valid = (row_slot >= 0) & (row_slot < n)  # [T]
-    slot = jnp.where(valid, row_slot, 0)
-    k = k_cache[slot]  # [T, S, G, D]
-    v = v_cache[slot]
-    visible = (jnp.arange(s)[None, :] <= row_pos[:, None]) & valid[:, None]  # [T, S]
-    # Zero what is invisible: 0 * NaN in a stale entry would otherwise poison the sum.
-    k = jnp.where(visible[:, :, None, None], k, 0).astype(jnp.float32)
-    v = jnp.where(visible[:, :, None, None], v, 0).astype(jnp.float32)
-    qg = q.reshape(t, g, num_q // g, d).astype(jnp.float32)  # [T, G, Q/G, D]
-    scores = jnp.einsum("tgqd,tsgd->tgqs", qg, k, precision=lax.Precision.HIGHEST) * d**-0.5
-    scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
-    probs = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True, initial=_MASK_VALUE))
-    probs = probs / jnp.maximum(probs.sum(axis=-1, keepdims=True), 1e-30)  # padding rows: 0
-    out = jnp.einsum("tgqs,tsgd->tgqd", probs, v, precision=lax.Precision.HIGHEST)
-    return out.reshape(t, num_q, d).astype(q.dtype)
+    slot = jnp.where(valid, row_slot, 0)  # [T]
+    # Padding rows see nothing (so they stay finite on any cache) and do not extend the read.
+    pos = jnp.where(valid, jnp.minimum(row_pos, s - 1), -1)  # [T]
+    qg = q.reshape(num_rows, g, num_q // g, head_dim)  # [T, G, Q/G, D]
+    offsets = jnp.arange(block)  # [blk]
+    # f32 inputs: full-precision dots on every backend (a GPU would use tf32 by default).
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+
+    def read_block(b, carry):
+        running_max, denom, acc = carry  # f32 [T, G, Q/G], [T, G, Q/G], [T, G, Q/G, D]
+        key_pos = b * block + offsets  # [blk]
+        visible = key_pos[None, :] <= pos[:, None]  # [T, blk]
+        kb = k_cache.at[layer, slot[:, None], key_pos[None, :]].get(mode="clip")  # [T, blk, G, D]
+        vb = v_cache.at[layer, slot[:, None], key_pos[None, :]].get(mode="clip")  # [T, blk, G, D]
+        vb = jnp.where(visible[:, :, None, None], vb, 0)  # 0 * NaN would poison P @ V
+        scores = jnp.einsum("tgqd,tsgd->tgqs", qg, kb, precision=precision,
+                            preferred_element_type=jnp.float32) * head_dim**-0.5
+        scores = jnp.where(visible[:, None, None, :], scores, _MASK_VALUE)  # [T, G, Q/G, blk]
+        # A real row sees position 0 in block 0, so running_max is a real score from then on and
+        # masked entries get exp(mask - max) = 0. A padding row sees nothing: exp(0) = 1 against
+        # a zeroed V, so it ends as 0 / denom = 0.
+        new_max = jnp.maximum(running_max, scores.max(axis=-1))
+        probs = jnp.exp(scores - new_max[..., None])
+        correction = jnp.exp(running_max - new_max)
+        denom = denom * correction + probs.sum(axis=-1)
+        pv = jnp.einsum("tgqs,tsgd->tgqd", probs.astype(vb.dtype), vb, precision=precision,
+                        preferred_element_type=jnp.float32)  # [T, G, Q/G, D]
+        return new_max, denom, acc * correction[..., None] + pv
+
+    stats_shape = (num_rows, g, num_q // g)
+    init = (jnp.full(stats_shape, _MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32),
+            jnp.zeros((*stats_shape, head_dim), jnp.float32))
+    num_blocks = jnp.max(pos, initial=0) // block + 1
+    _, denom, acc = lax.fori_loop(0, num_blocks, read_block, init)
+    out = acc / denom[..., None]
+    return out.reshape(num_rows, num_q, head_dim).astype(q.dtype)
 
 
 def _chunk_table(row_slot, row_pos, *, num_slots: int, max_len: int, rows_per_chunk: int,
@@ -191,8 +230,11 @@ def verify_attention(
       k_cache, v_cache: [N, S, G, D] one layer's cache, or [L, N, S, G, D] with ``layer`` (an
         int or i32 scalar) picking the layer inside the kernel: slicing ``cache[layer]`` in a
         layer scan would copy a whole layer of cache per call.
-      row_slot: i32[T] each row's slot; N (out of range) marks padding rows (output zeros).
+      row_slot: i32[T] each row's slot; N (out of range) marks padding rows, whose output is
+        unspecified but finite.
       row_pos: i32[T] each row's position; it sees cache positions 0 .. row_pos.
+      impl, interpret: see ``use_pallas``; by default the kernel on a GPU (unless
+        LIGHTSPEC_REFERENCE_OPS names verify_attention), ``verify_attention_reference`` elsewhere.
 
     Scores are scaled by D^-0.5; scores, softmax and accumulation are fp32; GQA maps query head j
     to KV head j // (Q/G). Precondition for the kernel: each slot's rows are contiguous (the
@@ -211,7 +253,7 @@ def verify_attention(
         raise ValueError(f"head_dim must be a power of two >= {_MIN_DOT} for Triton, got {d}")
     block_kv = min(tuning.block_kv, s & -s)  # a power of two dividing S: no tail block
     if block_kv < _MIN_DOT:
-        raise ValueError(f"cache length S = {s} must be a multiple of {_MIN_DOT}")
+        raise ValueError(f"cache length S = {s} must be a multiple of {CACHE_LEN_MULTIPLE}")
     group = num_q // g
     heads_pad = pow2_at_least(group, 1)
     r = rows_per_chunk(t, n, heads_pad, tuning)

@@ -6,8 +6,9 @@ so it is known on the device right after verification - and returns the next pro
 slot that stepped: `depth` draft tokens (target vocabulary ids) with the drafter's top-1
 probability for each (the confidence the fill and the planner use).
 
-Two stages, compiled apart: `commit` depends on the verify bucket B, `draft` on the depth d,
-so an engine compiles |B| + |d| executables instead of |B| x |d|.
+Two stages, both inside the engine's one decode executable per verify bucket B: `commit`
+over the B verified rows, then `draft` for a runtime depth d (a bounded loop), so the engine
+compiles |B| executables, not |B| x |d|.
 
 Axis legend: T rows, N slots, F target feature width, d draft depth.
 """
@@ -70,9 +71,10 @@ class Drafter(abc.ABC):
         """
 
     @abc.abstractmethod
-    def draft(self, param_leaves, cache, carry, *, depth: int,
+    def draft(self, param_leaves, cache, carry, *, depth: jax.Array, max_depth: int,
               target_embed: jax.Array) -> tuple[Any, Proposal]:
-        """Drafts `depth` tokens per slot from `carry`; compiled per depth."""
+        """Drafts `depth` (a traced scalar, 0..max_depth) tokens per slot from `carry`;
+        returns the proposal [N, max_depth] (see `chain`)."""
 
 
 def top1(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -82,19 +84,31 @@ def top1(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     return token, jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
 
 
-def chain(step, carry, first: tuple[jax.Array, jax.Array], depth: int) -> tuple[Any, Proposal]:
-    """Runs `depth - 1` recurrent draft steps after the first token (a scan: compile time does
-    not grow with depth). step(carry, tokens [N], k) -> (carry, tokens [N], conf [N]) drafts
-    token k+1 from token k; returns the final carry and the proposal [N, depth]."""
-    tokens, conf = first
-    if depth == 1:
-        return carry, Proposal(tokens[:, None], conf[:, None])
+def chain(step, carry, token: jax.Array, *, depth: jax.Array, max_depth: int,
+          first: tuple[jax.Array, jax.Array] | None = None) -> tuple[Any, Proposal]:
+    """Runs a recurrent drafter for a runtime `depth` (0 <= depth <= max_depth) in a bounded
+    loop: one executable serves every depth and its cost follows the depth actually run.
 
-    def body(state, k):
-        carry, token = state
+    step(carry, token [N], k) -> (carry, next [N], conf [N]) drafts token k from the one
+    before it. With `first` = (tokens [N], conf [N]) draft 0 is already known (Eagle3 gets it
+    from its commit forward) and the loop starts at k = 1 from it; otherwise at k = 0 from
+    `token`. Returns the final carry and the proposal [N, max_depth], zero past `depth`.
+    """
+    n = token.shape[0]
+    tokens = jnp.zeros((n, max_depth), jnp.int32)  # [N, K]
+    conf = jnp.zeros((n, max_depth), jnp.float32)  # [N, K]
+    start = 0
+    if first is not None:
+        token = first[0]
+        tokens, conf = tokens.at[:, 0].set(first[0]), conf.at[:, 0].set(first[1])
+        start = 1
+
+    def body(k, state):
+        carry, token, tokens, conf = state
         carry, nxt, c = step(carry, token, k)
-        return (carry, nxt), (nxt, c)
+        return (carry, nxt, tokens.at[:, k].set(nxt),
+                conf.at[:, k].set(c.astype(jnp.float32)))
 
-    (carry, _), (rest, rest_conf) = jax.lax.scan(body, (carry, tokens), jnp.arange(1, depth))
-    return carry, Proposal(jnp.concatenate([tokens[:, None], rest.T], axis=1),
-                           jnp.concatenate([conf[:, None], rest_conf.T], axis=1))
+    carry, _, tokens, conf = jax.lax.fori_loop(start, depth, body, (carry, token, tokens, conf))
+    keep = jnp.arange(max_depth)[None, :] < depth  # [1, K]
+    return carry, Proposal(jnp.where(keep, tokens, 0), jnp.where(keep, conf, 0.0))

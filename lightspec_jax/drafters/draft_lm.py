@@ -59,7 +59,7 @@ class DraftLMDrafter(Drafter):
         slots = jnp.where(stepped, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
         return cache, (bonus, new_seq_len, slots)
 
-    def draft(self, param_leaves, cache, carry, *, depth, target_embed):
+    def draft(self, param_leaves, cache, carry, *, depth, max_depth, target_embed):
         model = self.module(param_leaves)
         bonus, new_seq_len, slots = carry
 
@@ -70,10 +70,9 @@ class DraftLMDrafter(Drafter):
             draft, conf = self._draw(out.logits, position + 1, slots)
             return out.cache, self._corrupt(draft, position + 1, slots), conf
 
-        cache, first, conf = step(cache, bonus, 0)
         # Drafted tokens' cache entries lie at or past new_seq_len: the next commit forward
         # overwrites them with the verified tokens.
-        return chain(step, cache, (first, conf), depth)
+        return chain(step, cache, bonus, depth=depth, max_depth=max_depth)
 
     def _keys(self, slots, position, stream: int):
         base = jax.random.fold_in(jax.random.key(self.seed), stream)

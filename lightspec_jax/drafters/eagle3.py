@@ -54,7 +54,7 @@ class Eagle3Drafter(Drafter):
         slots = jnp.where(stepped, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
         return out.cache, (model.draft_to_target(draft), conf, out.state, new_seq_len, slots)
 
-    def draft(self, param_leaves, cache, carry, *, depth, target_embed):
+    def draft(self, param_leaves, cache, carry, *, depth, max_depth, target_embed):
         model = self.module(param_leaves)
         embed = self._embed(target_embed)
         first, conf, state, new_seq_len, slots = carry
@@ -67,5 +67,6 @@ class Eagle3Drafter(Drafter):
             nxt, c = top1(out.logits)
             return (out.cache, out.state), model.draft_to_target(nxt), c
 
-        (cache, _), proposal = chain(step, (cache, state), (first, conf), depth)
+        (cache, _), proposal = chain(step, (cache, state), first, depth=depth,
+                                     max_depth=max_depth, first=(first, conf))
         return cache, proposal

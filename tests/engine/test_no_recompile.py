@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lightspec_jax import SamplingParams
-from lightspec_jax.buckets import CompileWatch, RecompileError, compile_event_count
+from lightspec_jax.engine.buckets import CompileWatch, RecompileError, compile_event_count
 
 
 def test_guard_fires_on_a_compile():
@@ -17,15 +17,19 @@ def test_guard_fires_on_a_compile():
 
 def test_long_mixed_run_compiles_nothing(engine):
     rng = np.random.default_rng(0)
-    buckets_used = set()
-    original_pick = engine.backend.registry.pick
+    registries = (engine.runner.prefill_registry, engine.runner.decode_registry)
+    used = {r.name: set() for r in registries}
 
-    def pick(n):
-        b = original_pick(n)
-        buckets_used.add(b)
-        return b
+    def counting(registry):
+        original = registry.pick
 
-    engine.backend.registry.pick = pick
+        def pick(n):
+            used[registry.name].add(original(n))
+            return original(n)
+        return pick
+
+    for registry in registries:  # instance attributes shadow the method; deleted below
+        registry.pick = counting(registry)
     before = compile_event_count()
     try:
         step, next_id = 0, 0
@@ -44,6 +48,8 @@ def test_long_mixed_run_compiles_nothing(engine):
             engine.step()  # CompileWatch inside raises on any compile
             step += 1
     finally:
-        engine.backend.registry.pick = original_pick
+        for registry in registries:
+            del registry.pick
     assert compile_event_count() == before
-    assert buckets_used == set(engine.backend.registry.sizes)
+    for registry in registries:
+        assert used[registry.name] == set(registry.sizes), registry.name

@@ -1,7 +1,7 @@
 """Input generators and numpy brute-force models shared by the kernel tests.
 
 Exposed as session fixtures returning plain functions, so hypothesis tests can use them too.
-Axis legend: N slots, K max draft depth, B verify rows, S stop ids, F feature width.
+Axis legend: N slots, K max draft depth, B verify rows, S stop ids.
 
 LIGHTSPEC_KERNELS_ON_DEVICE=1 (benchmarks/h200_check.py sets it on the H200) runs every kernel
 test compiled on the GPU instead of interpreted: tests that ask for ``interpret=True`` get the

@@ -3,10 +3,10 @@
 Recipe from reference/jax-platform-notes.md: ``jax.export`` for platform "cuda" under an abstract
 mesh whose abstract device is an H200, with the export safety check for the Triton custom call
 disabled. This runs every Pallas -> Triton lowering rule at production shapes (Qwen3-14B with
-an Eagle3 drafter: N=256 slots, K=11, B up to 3072 rows, F = 3 * 5120 hidden features); PTX
-compilation itself still needs a GPU.
+an Eagle3 drafter: N=256 slots, K=11, B up to 3072 rows); PTX compilation itself still needs a
+GPU.
 
-Axis legend: N slots, K max draft depth, B verify rows, S stop ids, F feature width.
+Axis legend: N slots, K max draft depth, B verify rows, S stop ids.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
-N, K, S, F = 256, 11, 8, 3 * 5120
+N, K, S = 256, 11, 8
 ROW_BUCKETS = (N, 1024, N * (K + 1))  # 256 .. 3072
 
 
@@ -96,8 +96,7 @@ def test_verify_lowers_to_triton(num_rows):
     assert text.count(TRITON_CALL) == 1 and "lightspec_verify" in text
 
 
-@pytest.mark.parametrize("hidden_dtype", [jnp.bfloat16, jnp.float32])
-def test_commit_lowers_to_triton(hidden_dtype):
+def test_commit_lowers_to_triton():
     num_rows = ROW_BUCKETS[-1]
     text = lower_for_cuda(
         functools.partial(commit, impl="pallas"),
@@ -109,10 +108,8 @@ def test_commit_lowers_to_triton(hidden_dtype):
         spec((N,), jnp.bool_),  # active
         spec((N, S)),  # stop_ids
         spec((N,)),  # remaining
-        spec((num_rows, F), hidden_dtype),
     )
-    assert text.count(TRITON_CALL) == 2
-    assert "lightspec_commit_tokens" in text and "lightspec_gather_tail_hidden" in text
+    assert text.count(TRITON_CALL) == 1 and "lightspec_commit_tokens" in text
 
 
 # Qwen3-14B attention: 40 query heads over 8 KV heads (Q/G = 5, padded to 8 in the kernel),

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightspec_jax.pallas_kernels import FillResult, fill, fill_reference
-from lightspec_jax.pallas_kernels._backend import OPS, use_pallas
+from lightspec_jax.pallas_kernels import OPS, FillResult, fill, fill_reference, use_pallas
 
 # (N, K, B): every N in {1, 3, 8, 32} and K in {1, 3, 7, 11, 15}; B from N to N(K+1).
 SWEEP = [

@@ -4,26 +4,25 @@ tell it from its own timestamps, and refreshed cells stay in the sweep's range."
 import numpy as np
 
 from lightspec_jax import SamplingParams
-from lightspec_jax.spec_backend import device_interval_ms
+from lightspec_jax.engine.costs import device_interval_ms
 
 
 def interval(**kw):
     args = dict(previous_ready=1.0, previous_waited=True, busy_at_enqueue=True, waited=True,
-                ready=1.004, has_prefill=False)
+                ready=1.004)
     return device_interval_ms(**{**args, **kw})
 
 
 def test_device_interval_needs_a_device_busy_from_read_to_read():
-    # Both reads waited and the previous draft run was still going at enqueue: the device
-    # worked without a gap from the previous verify's end to this one's.
+    # Both reads waited and the previous step was still running at enqueue: the device
+    # worked without a gap from the previous step's end to this one's.
     assert interval() == np.float64(1e3 * (1.004 - 1.0))
     # The host found the results ready: the device idled for an unknown time (host-bound).
     assert interval(waited=False) is None
     assert interval(previous_waited=False) is None
-    # The device finished the previous draft run before this step was enqueued: a gap.
+    # The device finished the previous step before this one was enqueued: a gap.
     assert interval(busy_at_enqueue=False) is None
-    # A prefill ran in between, or there is no earlier read.
-    assert interval(has_prefill=True) is None
+    # There is no earlier read.
     assert interval(previous_ready=None) is None
 
 
@@ -32,7 +31,7 @@ def test_refreshed_cells_stay_near_the_sweep(spec_engines):
     clamping at 1e-3 ms: cells fell to ~0 and the planner verified everything. A refreshed cell
     is now a share of a measured device interval, so it stays the size of the swept cost."""
     engine = spec_engines("dynamic_k4")
-    planner = engine.backend.planner
+    planner = engine.planner
     sweep = {k: _reference_column(t.to_json()) for k, t in
              (("target", planner.target_costs), ("draft", planner.draft_costs),
               ("depth", planner.depth_costs))}

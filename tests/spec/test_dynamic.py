@@ -55,12 +55,12 @@ def test_static_is_fixed_width(spec_engines):
     start = len(engine.stats.steps)
     engine.generate([[4, 5], [6], [7, 8, 9]], SamplingParams(max_tokens=20, ignore_eos=True))
     depth = engine.config.speculative.num_speculative_tokens
-    steps = engine.stats.steps[start:]
+    steps = [s for s in list(engine.stats.steps)[start:] if s.verify_rows]
     assert all(s.draft_depth == depth for s in steps)
     # Once every request holds a proposal, each verifies its target row plus all K drafts.
     full = [s for s in steps[1:] if s.num_requests == 3]
     assert full and all(s.used_rows == 3 * (depth + 1) for s in full)
-    assert all(s.verify_rows == engine.backend.runner.verify_registry.pick(s.used_rows)
+    assert all(s.verify_rows == engine.runner.decode_registry.pick(s.used_rows)
                for s in full)
 
 
@@ -68,7 +68,7 @@ def test_cpu_verify_cost_rises_with_budget(spec_engines):
     """At fixed N the bucket sweep's verify cost grows with B (the projections and MLP run on
     the B flat rows). This model is tiny and overhead-bound, so the test asks only for the
     trend; BENCHMARKS.md has the sweep of a larger model."""
-    profile = spec_engines("dynamic_k4").backend.profile
+    profile = spec_engines("dynamic_k4").cost_profile
     rows = sorted(profile.target.rows)
     ms = np.array([profile.target.estimate(b) for b in rows])
     half = len(rows) // 2

@@ -61,10 +61,11 @@ def test_engine_proposals_match_offline_eagle3(spec_engines):
     checked = 0
     while engine.has_unfinished_requests():
         engine.step()
-        state = engine.backend.runner.state
+        state = engine.runner.state
         device = np.asarray(state.draft_tokens)
+        proposal_len = np.asarray(state.proposal_len)
         for request in engine._requests.values():
-            if request.finished or request.proposal_len == 0:
+            if request.finished or proposal_len[request.slot] == 0:
                 continue
             seq = request.prompt_token_ids + request.output_token_ids
             want = offline_proposal(engine.model, module, seq, depth)

@@ -1,6 +1,7 @@
-"""Ahead-of-time compiled device steps, looked up by bucket, and a guard against recompiles.
+"""Bucket sizes, ahead-of-time compiled device steps looked up by bucket, and a recompile guard.
 
-Every device step is compiled at start-up with `jax.jit(f).lower(args).compile()`. The
+Every bucket size of the engine comes from the generators here: prefill rows, verify rows
+(also the plain decode step's rows) and slot-write counts. Every device step is compiled at start-up with `jax.jit(f).lower(args).compile()`. The
 compiled executables cannot re-trace: a wrong shape raises TypeError. Anything else that
 compiles while serving (a stray jnp op on the host path, a pytree that changed structure) is
 caught by `CompileWatch`, which counts JAX's own compile events.
@@ -17,6 +18,38 @@ import jax
 from jax import monitoring
 
 _COMPILE_EVENT_PREFIX = "/jax/core/compile/"
+
+
+def powers_of_two(top: int, *, start: int = 1) -> tuple[int, ...]:
+    """start, 2 start, 4 start, ... below `top`, and `top` itself (prefill rows, slot writes)."""
+    out, b = {top}, start
+    while b < top:
+        out.add(b)
+        b *= 2
+    return tuple(sorted(out))
+
+
+def verify_buckets(max_rows: int) -> tuple[int, ...]:
+    """Powers of two and their midpoints (1, 2, 3, 4, 6, 8, 12, ...) up to max_rows, inclusive."""
+    out, b = {max_rows}, 1
+    while b < max_rows:
+        out.update(x for x in (b, b + b // 2) if x < max_rows)
+        b *= 2
+    return tuple(sorted(out))
+
+
+def concurrency_buckets(concurrency: int, depth: int) -> tuple[int, ...]:
+    """Verify buckets for `concurrency` slots up to full width: c x (1, 1.5, 2, 3, 4, 6, 8, ...).
+
+    Fewer buckets than `verify_buckets` when the concurrency is known: nothing below one row
+    per request."""
+    top = concurrency * (depth + 1)
+    sizes = {top}
+    for factor in (1, 1.5, 2, 3, 4, 6, 8, 12):
+        rows = int(concurrency * factor)
+        if 1 <= rows < top:
+            sizes.add(rows)
+    return tuple(sorted(sizes))
 
 
 class RecompileError(RuntimeError):

@@ -1,0 +1,152 @@
+"""The bucket sweep: time the compiled decode step per verify bucket and per draft depth to
+seed the planner's cost tables.
+
+The decode step is one executable (verify, the drafter's commit forward and drafting fused),
+so the sweep times what the engine runs: every bucket B at depth 0 with all slots active and
+full proposals at a fixed context (how the step cost follows B at fixed N), and the bucket
+holding N at each depth d (what drafting d tokens adds). The planner's tables split a step
+into target(B) + draft(B) + stage(d); the commit forward is timed inside target(B), so the
+draft table holds a 1 us placeholder per bucket (the planner needs a positive cell).
+
+Each cost is the fastest of `repeats` timed runs after a warm-up run, each on a fresh copy
+of the synthetic state: interference from other work on the machine only ever adds time, so
+the minimum is the estimate least disturbed by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+from tqdm.auto import tqdm
+
+from lightspec_jax.planner import CostTable
+
+from .batch import SlotState
+from .runner import ModelRunner
+
+_PLACEHOLDER_MS = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class CostProfile:
+    target: CostTable  # decode step ms at depth 0 by rows B
+    draft: CostTable  # placeholder (the commit forward is inside `target`)
+    draft_depth_ms: dict[int, float]  # what drafting d tokens adds, ms by depth d
+    depth: CostTable  # the same as a table keyed by depth d
+    context_per_request: int
+    num_slots: int
+
+    def summary(self) -> dict:
+        return {"verify_ms": {b: self.target.estimate(b) for b in self.target.rows},
+                "draft_commit_ms": {b: 0.0 for b in self.target.rows},
+                "draft_depth_ms": self.draft_depth_ms,
+                "context_per_request": self.context_per_request, "num_slots": self.num_slots}
+
+    def to_json(self) -> dict:
+        return {"target": self.target.to_json(), "draft": self.draft.to_json(),
+                "depth": self.depth.to_json(), "profile": self.summary()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostProfile":
+        summary = data.get("profile", {})
+        depth = CostTable.from_json(data["depth"]) if "depth" in data else CostTable()
+        return cls(target=CostTable.from_json(data["target"]),
+                   draft=CostTable.from_json(data["draft"]),
+                   draft_depth_ms={int(d): ms for d, ms in
+                                   summary.get("draft_depth_ms", {}).items()},
+                   depth=depth, context_per_request=summary.get("context_per_request", 0),
+                   num_slots=summary.get("num_slots", 0))
+
+
+def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
+              policy: str, version: str) -> str:
+    """What the cost tables depend on, hashed: the models (configs and a fingerprint of their
+    weights), dtype, slots, buckets, depths, cache length, device kind and library versions.
+    Any change gives another key, so a stale table is never loaded."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    leaves = list(runner._t_leaves) + list(runner._d_leaves)
+    # The first 8 values of every leaf, gathered in one small executable (not a full copy).
+    head = jax.jit(lambda xs: jnp.stack([
+        jnp.pad(x.reshape(-1)[:8].astype(jnp.float32), (0, max(0, 8 - x.size))) for x in xs]))
+    fingerprint = hashlib.sha256(np.asarray(head(leaves)).tobytes()).hexdigest()
+    drafter = runner.drafter
+    parts = {
+        "target": dataclasses.asdict(target.config), "fingerprint": fingerprint,
+        "shapes": [list(x.shape) for x in leaves],
+        "drafter": None if drafter is None else [type(drafter).__name__,
+                                                  repr(getattr(drafter, "config", None))],
+        "dtype": dtype, "slots": runner.num_slots, "cache_len": runner.cache_len,
+        "decode_buckets": runner.decode_registry.sizes, "depths": depths, "policy": policy,
+        "verifier": runner.verifier.name, "device": jax.devices()[0].device_kind,
+        "backend": jax.default_backend(), "jax": jax.__version__, "lightspec_jax": version,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _synthetic_state(runner: ModelRunner, context: int, active: int) -> SlotState:
+    n, k = runner.num_slots, runner.max_depth
+    slots = jnp.arange(n) < active
+    return SlotState.empty(n, k)._replace(
+        seq_len=jnp.full((n,), context, jnp.int32), active=slots,
+        remaining=jnp.full((n,), 1 << 20, jnp.int32),
+        draft_conf=jnp.full((n, k), 0.5, jnp.float32),
+        proposal_len=jnp.full((n,), k, jnp.int32))
+
+
+def _time_decode(runner: ModelRunner, rows: int, depth: int, *, context: int,
+                 repeats: int) -> float:
+    extra = runner.verifier.empty_inputs(runner.num_slots, runner.max_depth)
+    times = []
+    for _ in range(repeats + 1):
+        runner.state = _synthetic_state(runner, context, min(runner.num_slots, rows))
+        start = time.perf_counter()
+        jax.block_until_ready(runner.decode(rows, depth, extra))
+        times.append(1e3 * (time.perf_counter() - start))
+    return min(times[1:])
+
+
+def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int = 128,
+                  repeats: int = 5, show_progress: bool = True) -> CostProfile:
+    context = max(1, min(context, runner.cache_len - 2 * runner.max_depth - 2))
+    n = runner.num_slots
+    sizes = runner.decode_registry.sizes
+    home = runner.decode_registry.pick(n)  # the bucket of one row per slot
+    work = [(b, 0) for b in sizes] + [(home, d) for d in depths]
+    ms = {}
+    for rows, depth in tqdm(work, desc="profiling decode buckets", disable=not show_progress,
+                            leave=False):
+        ms[rows, depth] = _time_decode(runner, rows, depth, context=context, repeats=repeats)
+    runner.state = SlotState.empty(n, runner.max_depth)
+    # Drafting never costs less than nothing: a negative difference is timing noise.
+    depth_ms = {d: max(ms[home, d] - ms[home, 0], _PLACEHOLDER_MS) for d in depths}
+    total_context = n * context
+    return CostProfile(target=CostTable({b: ms[b, 0] for b in sizes}, context_len=total_context),
+                       draft=CostTable({b: _PLACEHOLDER_MS for b in sizes},
+                                       context_len=total_context),
+                       draft_depth_ms=depth_ms,
+                       # each depth re-reads the context: scale, not shift, across contexts
+                       depth=CostTable(depth_ms, context_len=total_context, impute="scale"),
+                       context_per_request=context, num_slots=n)
+
+
+def device_interval_ms(*, previous_ready: float | None, previous_waited: bool,
+                       busy_at_enqueue: bool, waited: bool, ready: float) -> float | None:
+    """Device time of one decode step from host timestamps, or None when it is unknown.
+
+    A step's read-back is ready when its fused executable ends. Between two reads the device
+    ran exactly one step - but only if it never idled in between, which the host can tell
+    without syncing: it waited for both reads (the device was busy at each ready time) and,
+    when it enqueued this step, the previous one was not finished (no gap). A host-bound loop
+    (the device done before the host asks) gives no sample: its intervals time host work,
+    which says nothing about a bucket's cost.
+    """
+    if previous_ready is None or not (previous_waited and busy_at_enqueue and waited):
+        return None
+    return 1e3 * (ready - previous_ready)

@@ -1,0 +1,509 @@
+"""The serving engine: the public API over one step loop.
+
+    engine = Engine.from_pretrained(path, config=EngineConfig(max_num_seqs=16))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=64))
+
+or, in a custom serving loop: add_request / step / abort / has_unfinished_requests.
+
+One engine step reads as the algorithm: schedule (admit, prefill chunks) -> plan (the verify
+bucket B and next draft depth d) -> run (dispatch slot writes, prefill and one fused decode
+step, nothing waits) -> postprocess (read the previous step back, one packed array; the
+scheduler applies it) -> observe (planner statistics, cost refresh, step records, observers).
+Step i+1 is dispatched before step i is read (`overlap`), so host work hides behind the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, StepPlan, make_planner
+
+from ..config import EngineConfig, Policy, SamplingParams
+from ..drafters import Drafter
+from ..metrics import EngineStats, StepRecord
+from ..request import FinishReason, Request, RequestError, RequestOutput
+from ..tokenizer import IncrementalDetokenizer, Tokenizer, load_eos_ids
+from .batch import MAX_STOP_IDS
+from .buckets import CompileWatch, enable_compilation_cache, powers_of_two, verify_buckets
+from .costs import CostProfile, cache_key, device_interval_ms, profile_costs
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .verifier import ExactMatch, SyntheticAcceptance
+
+log = logging.getLogger(__name__)
+
+
+def _cache_len(max_model_len: int, block: int = 128, granule: int = 16) -> int:
+    """KV strip length: whole attention blocks, so reads stop at the live context; short
+    strips are one block rounded up to ``granule`` (the GPU attention kernel's smallest tile)."""
+    step = granule if max_model_len <= block else block
+    return -(-max_model_len // step) * step
+
+
+@dataclasses.dataclass(frozen=True)
+class StepEvent:
+    """What a step observer receives once a step has been read back."""
+
+    record: StepRecord
+    plan: StepPlan | None  # the decode step's plan (None: prefill only)
+    readback: np.ndarray | None  # [N, K+1+5] per-slot results, columns `columns`
+    columns: object  # batch.Readback
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A dispatched engine step whose results have not been read yet."""
+
+    owners: list  # slot -> request at dispatch
+    completing: list  # requests whose first token the prefill samples, in sample order
+    first_tokens: object  # device [C] or None
+    readback: object  # device [N, K+1+5] or None
+    confidence: object  # device [N, K] or None
+    plan: StepPlan | None
+    prefill_rows: int
+    context_len: int
+    busy_at_enqueue: bool
+    dispatched_at: float
+
+
+class Engine:
+    def __init__(self, model, *, config: EngineConfig = EngineConfig(),
+                 tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = (),
+                 drafter: Drafter | None = None, verifier=None):
+        """model: a Qwen3 target; drafter: an Eagle3 or draft-LM drafter (speculative
+        policies); verifier: how drafts are accepted (default exact match, lossless; the
+        benchmarks inject `SyntheticAcceptance`, also chosen by `config.synthetic_acceptance`)."""
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vocab_size = model.config.vocab_size
+        self.eos_token_ids = frozenset(eos_token_ids)
+        spec = config.speculative
+        self.policy = spec.policy
+        speculative = spec.policy is not Policy.NONE
+        if speculative and drafter is None:
+            raise ValueError(f"policy {spec.policy.value!r} needs a drafter "
+                             "(drafter_path=... or drafter=...)")
+        if drafter is not None and not speculative:
+            raise ValueError("a drafter was given with policy 'none', which would ignore it: "
+                             "choose a speculative policy (SpeculativeConfig(policy='dynamic', "
+                             "num_speculative_tokens=K)) or drop the drafter")
+        self.drafter = drafter
+        n = config.max_num_seqs
+        k = spec.num_speculative_tokens if speculative else 0
+        if verifier is None:
+            verifier = (SyntheticAcceptance(config.synthetic_acceptance, num_slots=n,
+                                            max_depth=k, seed=config.seed)
+                        if speculative and config.synthetic_acceptance else ExactMatch())
+        self.verifier = verifier
+        if speculative:
+            decode_buckets = config.verify_buckets or verify_buckets(n * (k + 1))
+            if decode_buckets[-1] < n * (k + 1):
+                raise ValueError(f"verify_buckets must reach max_num_seqs * (K + 1) = "
+                                 f"{n * (k + 1)}, got {decode_buckets}")
+        else:
+            decode_buckets = powers_of_two(n)
+        self.decode_buckets = decode_buckets
+        # Verify rows write up to K past seq_len and drafting up to K more.
+        cache_len = _cache_len(config.max_model_len + 2 * k)
+        start = time.perf_counter()
+        self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=cache_len, max_depth=k,
+                                  prefill_buckets=config.buckets, decode_buckets=decode_buckets,
+                                  verifier=verifier, show_progress=config.show_progress)
+        self.compile_seconds = time.perf_counter() - start
+        if verifier.name:
+            log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "
+                        "exact-matched; outputs are not the target's, only costs are real",
+                        verifier.name)
+            print(f"lightspec_jax: SYNTHETIC ACCEPTANCE MODE ({verifier.name}): "
+                  "outputs are not the target's; for benchmarking device costs only")
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit is not None and config.max_model_len > limit:
+            log.warning("max_model_len=%d exceeds the target's max_position_embeddings=%d: "
+                        "positions past it were never trained and degrade output",
+                        config.max_model_len, limit)
+        if config.show_progress:
+            auto = " (dtype='auto')" if config.dtype == "auto" else ""
+            print(f"lightspec_jax: {model.dtype}{auto} on {jax.default_backend()}; compiled {len(config.buckets)} prefill buckets "
+                  f"{list(config.buckets)} and {len(decode_buckets)} decode buckets "
+                  f"{list(decode_buckets)} in {self.compile_seconds:.1f} s")
+        self.planner = self.cost_profile = self._cost_path = None
+        if speculative:
+            depths = tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC else (k,)
+            target, draft, depth, self.cost_profile = self._costs(depths)
+            options = {"depth": k} if spec.policy is Policy.STATIC else {}
+            self.planner = make_planner(
+                spec.policy.value, PlannerSpec(verify_buckets=decode_buckets, draft_depths=depths,
+                                               max_depth=k, drafter_kind=drafter.kind),
+                target_costs=target, draft_costs=draft, depth_costs=depth, **options)
+        self.stats = EngineStats(synthetic_acceptance=verifier.name)
+        self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens)
+        self._requests: dict[str, Request] = {}  # live or not yet reported as finished
+        self._aborted: list[Request] = []  # aborted since the last step(), to report
+        self._in_flight: _InFlight | None = None
+        self._observers: list[Callable[[StepEvent], None]] = []
+        self._rng = np.random.default_rng(config.seed)
+        self._auto_id = 0
+        self._steps = 0
+        self._plan_ms = 0.0  # planner time within the current step()
+        # The previous read's time, whether it waited, and its decode read-back (cost refresh).
+        self._last_ready: float | None = None
+        self._last_waited = False
+        self._last_readback = None
+        self._last_conf: np.ndarray | None = None  # [N, K], a step late (dspark)
+
+    @classmethod
+    def from_pretrained(cls, target_path: str, drafter_path: str | None = None, *,
+                        config: EngineConfig = EngineConfig()) -> "Engine":
+        """Loads a Qwen3 target (Hugging Face or converted directory; nothing is downloaded) and,
+        optionally, a drafter for it: an Eagle3 drafter (Hugging Face layout: EAGLE/SpecForge
+        or speculators) or a small Qwen3 causal LM sharing the target's vocabulary (a draft
+        LM, as transformers' assisted generation uses), told apart by config.json."""
+        from ..checkpoint import DRAFT_LM, EAGLE3, drafter_kind, load_eagle3, load_qwen3
+        from ..drafters import DraftLMDrafter, Eagle3Drafter
+
+        enable_compilation_cache(config.compilation_cache_dir)
+        model = load_qwen3(target_path, dtype=config.resolved_dtype)
+        kind = None if drafter_path is None else drafter_kind(drafter_path)
+        drafter = None
+        if kind == EAGLE3:
+            # The target's embedding serves the drafter (SGLang's rule; Eagle3 training keeps
+            # it frozen), so a stored copy of V x H values is not loaded.
+            drafter = Eagle3Drafter(load_eagle3(drafter_path, target_config=model.config,
+                                                dtype=config.resolved_dtype, load_embed=False))
+        elif kind == DRAFT_LM:
+            draft_model = load_qwen3(drafter_path, dtype=config.resolved_dtype)
+            _check_same_vocabulary(target_path, model.config.vocab_size, drafter_path,
+                                   draft_model.config.vocab_size)
+            drafter = DraftLMDrafter(draft_model)
+        tok_path = os.path.join(target_path, "tokenizer.json")
+        tokenizer = Tokenizer.from_file(tok_path) if os.path.isfile(tok_path) else None
+        eos = set(model.config.eos_token_ids) | load_eos_ids(target_path)
+        return cls(model, config=config, tokenizer=tokenizer, eos_token_ids=sorted(eos),
+                   drafter=drafter)
+
+    # --- public API -------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | Sequence[int],
+                    params: SamplingParams | None = None) -> None:
+        """Queues a request; raises RequestError (and changes nothing) if it is invalid."""
+        request = self._make_request(request_id, prompt, params or SamplingParams())
+        self._requests[request.request_id] = request
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        """Stops a request; the next step() reports it finished with reason 'abort'."""
+        request = self._requests.get(request_id)
+        if request is None or request.finished:
+            raise RequestError(f"cannot abort {request_id!r}: no unfinished request has this id")
+        self.scheduler.abort(request)
+        self._aborted.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests) or self._in_flight is not None
+
+    def add_step_observer(self, observer: Callable[[StepEvent], None]) -> None:
+        """Calls `observer(StepEvent)` after every step is read back: its record (plan shape,
+        counts, host and wait times), the plan, and the per-slot read-back."""
+        self._observers.append(observer)
+
+    def step_records(self) -> list[StepRecord]:
+        """The most recent steps' records, oldest first (a bounded ring buffer)."""
+        return list(self.stats.steps)
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one engine step; returns each request that produced tokens or finished.
+
+        The step dispatches new device work before reading the previous step's results (one
+        step in flight with `overlap`), so its outputs are the previous step's. The device ends
+        a request at its stop id or allowance by itself, so nothing past the end is emitted.
+        """
+        start = time.perf_counter()
+        with CompileWatch("Engine.step", enabled=self.config.forbid_recompile):
+            touched, self._aborted = self._aborted, []
+            flight = None
+            if self.scheduler.has_work():
+                flight = self._run(self.scheduler.schedule())
+            if self.config.overlap:
+                flight, self._in_flight = self._in_flight, flight
+            event = None
+            if flight is not None:
+                changed, event, wait_ms = self._postprocess(flight)
+                touched += changed
+            outputs = [self._output(r) for r in dict.fromkeys(touched)]
+        elapsed = time.perf_counter() - start
+        self.stats.busy_seconds += elapsed
+        self.stats.tokens += sum(len(o.new_token_ids) for o in outputs)
+        if event is not None:
+            self._observe(event, host_ms=1e3 * elapsed - wait_ms)
+        return outputs
+
+    def generate(self, prompts: Sequence[str | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Serves `prompts` to completion; outputs come back in prompt order."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("generate() needs an idle engine: requests added with "
+                               "add_request() are still unfinished (drive them with step())")
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("generate() takes a list of prompts; wrap a single prompt in a list")
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        requests = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):  # validate all, then queue
+            self._auto_id += 1
+            requests.append(self._make_request(f"generate-{self._auto_id}", prompt, p,
+                                               pending=requests, who=f"prompt {i}"))
+        for request in requests:
+            self._requests[request.request_id] = request
+            self.scheduler.add(request)
+        results: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    results[out.request_id] = out
+        self._save_refreshed_costs()
+        return [results[r.request_id] for r in requests]
+
+    # --- one step ---------------------------------------------------------------------------
+
+    def _run(self, batch) -> _InFlight:
+        """Plans and dispatches a scheduled step; never waits for the device."""
+        runner, scheduler = self.runner, self.scheduler
+        if batch.writes:
+            self.verifier.admit(np.array([s for s, r in batch.writes if r is not None], int))
+            runner.write(batch.writes)
+        first = runner.prefill(batch.prefills) if batch.prefills else None
+        plan = readback = conf = None
+        # The previous decode still running means the device is busy: no idle gap before this.
+        busy = self._last_readback is not None and not self._last_readback.is_ready()
+        if batch.num_decoding:
+            started = time.perf_counter()
+            plan = self._plan(batch)
+            self._plan_ms += 1e3 * (time.perf_counter() - started)
+            readback, conf = runner.decode(plan.verify_rows, plan.draft_depth,
+                                           self.verifier.host_inputs(scheduler.decoding))
+            scheduler.dispatched_decode(plan.draft_depth)
+            self._last_readback = readback
+        return _InFlight(owners=list(scheduler.owner),
+                         completing=[c.request for c in batch.prefills if c.completes_prompt],
+                         first_tokens=first, readback=readback, confidence=conf, plan=plan,
+                         prefill_rows=batch.prefill_rows, context_len=batch.context_len,
+                         busy_at_enqueue=busy, dispatched_at=time.perf_counter())
+
+    def _plan(self, batch) -> StepPlan:
+        n = batch.num_decoding
+        if self.planner is None:  # plain decoding: one row per decoding request
+            rows = self.runner.decode_registry.pick(n)
+            return StepPlan(num_requests=n, num_with_proposal=0, verified_depth=0, fill_rows=n,
+                            verify_rows=rows, draft_depth=0, update_stats=False, reason="plain")
+        confidences = None
+        if self.policy is Policy.DSPARK and self._last_conf is not None:
+            confidences = self._last_conf[self.scheduler.decoding]
+        return self.planner.plan(num_requests=n, num_with_proposal=batch.num_with_proposal,
+                                 confidences=confidences, context_len=batch.context_len)
+
+    def _postprocess(self, flight: _InFlight):
+        """Reads a step back (one packed array) and lets the scheduler apply it."""
+        start = time.perf_counter()
+        last = flight.readback if flight.readback is not None else flight.first_tokens
+        waited = last is not None and not last.is_ready()
+        first = [] if flight.first_tokens is None else np.asarray(flight.first_tokens).tolist()
+        readback = None if flight.readback is None else np.asarray(flight.readback)
+        ready = time.perf_counter()
+        wait_ms = 1e3 * (ready - start)
+        changed = self.scheduler.postprocess(flight.owners, list(zip(flight.completing, first)),
+                                             readback, self.runner.columns)
+        record = dict(num_requests=0, verify_rows=0, used_rows=0, draft_depth=0, accepted=0,
+                      emitted=0)
+        if readback is not None:
+            record.update(self._learn(flight, readback, waited, ready))
+        self._steps += 1
+        record = StepRecord(index=self._steps, prefill_rows=flight.prefill_rows, host_ms=0.0,
+                            plan_ms=0.0,
+                            wait_ms=wait_ms, seconds=ready - flight.dispatched_at, **record)
+        return changed, StepEvent(record, flight.plan, readback, self.runner.columns), wait_ms
+
+    def _learn(self, flight: _InFlight, readback: np.ndarray, waited: bool, ready: float) -> dict:
+        """Planner statistics, the online cost refresh and the engine totals of a decode step."""
+        c, plan = self.runner.columns, flight.plan
+        live = self.scheduler.last_live  # [N] slots whose tokens were applied
+        accepted = readback[live, c.accepted]
+        verified = readback[live, c.verified]
+        t = self.stats.totals
+        t.steps += int(live.sum())
+        t.drafted += int(readback[live, c.offered].sum())
+        t.verified += int(verified.sum())
+        t.accepted += int(accepted.sum())
+        if self.planner is not None:
+            step_ms = None
+            if self.config.refresh_costs:
+                step_ms = device_interval_ms(
+                    previous_ready=self._last_ready, previous_waited=self._last_waited,
+                    busy_at_enqueue=flight.busy_at_enqueue, waited=waited, ready=ready)
+            self._last_ready, self._last_waited = ready, waited
+            if self.policy is Policy.DSPARK:
+                self._last_conf = np.asarray(flight.confidence)
+            if len(accepted):
+                started = time.perf_counter()
+                seen = plan
+                if len(accepted) != plan.num_requests:  # a request ended on the device
+                    seen = dataclasses.replace(plan, num_requests=len(accepted),
+                                               update_stats=False)
+                self.planner.observe(StepObservation(
+                    plan=seen, accept_lens=np.minimum(accepted, plan.verified_depth) + 1,
+                    context_len=flight.context_len, step_ms=step_ms,
+                    draft_plan=seen if step_ms is not None else None))
+                self._plan_ms += 1e3 * (time.perf_counter() - started)
+        return dict(num_requests=len(accepted), verify_rows=plan.verify_rows,
+                    used_rows=int((verified + 1).sum()), draft_depth=plan.draft_depth,
+                    accepted=int(accepted.sum()), emitted=int(readback[live, c.emitted].sum()))
+
+    def _observe(self, event: StepEvent, host_ms: float) -> None:
+        event = dataclasses.replace(event, record=dataclasses.replace(
+            event.record, host_ms=host_ms, plan_ms=self._plan_ms))
+        self._plan_ms = 0.0
+        self.stats.record(event.record)
+        if event.record.verify_rows and self.stats.decode_steps % 1024 == 0:
+            self._save_refreshed_costs()
+        for observer in self._observers:
+            observer(event)
+
+    def _output(self, request: Request) -> RequestOutput:
+        if request.finished:
+            self._requests.pop(request.request_id, None)
+        metrics = None
+        if self.planner is not None:
+            metrics = request.spec  # final once finished; until then counted per slot
+            if metrics is None:
+                metrics = functools.partial(self.scheduler.counters_of, request)
+        return request.report(metrics)
+
+    def _costs(self, depths):
+        """The planner's cost tables: from `cost_table_path`, else the cost cache, else the
+        bucket sweep (then saved to both where configured)."""
+        if self.policy is Policy.STATIC and not self.config.cost_table_path:
+            return CostTable(), CostTable(), CostTable(), None  # full width needs no prices
+        self._cost_path = self.config.cost_table_path
+        if self._cost_path is None and self.config.resolved_cost_cache_dir is not None:
+            from lightspec_jax import __version__
+
+            key = cache_key(self.runner, self.model, dtype=str(self.model.dtype), depths=depths,
+                            policy=self.policy.value, version=__version__)
+            self._cost_path = os.path.join(self.config.resolved_cost_cache_dir, f"{key}.json")
+        if self._cost_path and os.path.isfile(self._cost_path):
+            with open(self._cost_path) as f:
+                profile = CostProfile.from_json(json.load(f))
+            if self.config.show_progress:
+                print(f"lightspec_jax: cost tables from {self._cost_path}")
+        else:
+            profile = profile_costs(self.runner, depths=depths,
+                                    show_progress=self.config.show_progress)
+            self._save_costs(profile)
+        return profile.target, profile.draft, profile.depth, profile
+
+    def _save_refreshed_costs(self) -> None:
+        """Keeps the cached tables current with the online refresh (an occasional write)."""
+        if self.planner is not None and self.config.refresh_costs and self.cost_profile:
+            self._save_costs()
+
+    def _save_costs(self, profile=None) -> None:
+        """Writes the cost tables (the planner's current, refreshed ones once it exists)."""
+        if not self._cost_path:
+            return
+        profile = profile or dataclasses.replace(
+            self.cost_profile, target=self.planner.target_costs, draft=self.planner.draft_costs,
+            depth=self.planner.depth_costs)
+        os.makedirs(os.path.dirname(os.path.abspath(self._cost_path)), exist_ok=True)
+        tmp = f"{self._cost_path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(profile.to_json(), f, indent=1)
+        os.replace(tmp, self._cost_path)  # atomic: a concurrent start never reads half a file
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def _make_request(self, request_id, prompt, params, pending=(), who=None) -> Request:
+        """Validates and builds a request; errors name it as `who` (default: its id)."""
+        who = who or f"request {request_id!r}"
+        if not isinstance(request_id, str) or not request_id:
+            raise RequestError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self._requests or any(r.request_id == request_id for r in pending):
+            raise RequestError(f"duplicate request id {request_id!r}: a request with this id "
+                               "is still unfinished")
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        tokens = self._tokenize(who, prompt)
+        limit = self.config.max_model_len
+        if len(tokens) >= limit:
+            raise RequestError(f"{who}: prompt has {len(tokens)} tokens; "
+                               f"max_model_len={limit} leaves no room to generate (need < {limit})")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"{who}: token id {bad[0]} is outside the "
+                               f"vocabulary [0, {self.vocab_size})")
+        bad_stops = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad_stops:
+            raise RequestError(f"{who}: stop token id {bad_stops[0]} is outside "
+                               f"the vocabulary [0, {self.vocab_size})")
+        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**32))
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        if len(stops) > MAX_STOP_IDS:
+            raise RequestError(f"{who}: {len(stops)} stop ids (EOS included); "
+                               f"at most {MAX_STOP_IDS} are supported")
+        return Request(request_id=request_id, prompt_token_ids=tokens, params=params, seed=seed,
+                       stop_ids=frozenset(stops),
+                       allowance=min(params.max_tokens, limit - len(tokens)),
+                       detokenizer=self.tokenizer and IncrementalDetokenizer(self.tokenizer))
+
+    def _tokenize(self, who: str, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(f"{who}: string prompts need a tokenizer.json "
+                                   "beside the checkpoint; pass token ids instead")
+            tokens = self.tokenizer.encode(prompt)
+        else:
+            try:
+                tokens = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                raise RequestError(f"{who}: prompt must be a str or a sequence "
+                                   f"of ints, got {type(prompt).__name__}") from None
+            if any(not isinstance(t, (int, np.integer)) for t in prompt):
+                raise RequestError(f"{who}: prompt token ids must be ints")
+        if not tokens:
+            raise RequestError(f"{who}: empty prompt")
+        return tokens
+
+
+def _check_same_vocabulary(target_path: str, target_vocab: int, draft_path: str,
+                           draft_vocab: int) -> None:
+    """A draft LM proposes token ids the target verifies as its own, so both must number the
+    same tokens alike: equal vocab_size and, when both ship a tokenizer.json, the same
+    token -> id map (another tokenizer would still be lossless, but rarely accepted)."""
+    from ..checkpoint import CheckpointError
+
+    if draft_vocab != target_vocab:
+        raise CheckpointError(
+            f"draft LM {draft_path} has vocab_size={draft_vocab}, the target {target_path} "
+            f"has {target_vocab}: a draft LM must share the target's vocabulary (same tokenizer)")
+    paths = [os.path.join(p, "tokenizer.json") for p in (target_path, draft_path)]
+    if all(os.path.isfile(p) for p in paths):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        target_map, draft_map = (HFTokenizer.from_file(p).get_vocab(with_added_tokens=True)
+                                 for p in paths)
+        if target_map != draft_map:
+            differ = sorted(set(target_map.items()) ^ set(draft_map.items()))
+            raise CheckpointError(
+                f"the draft LM's tokenizer ({paths[1]}) maps tokens to ids unlike the "
+                f"target's ({paths[0]}): {len(differ)} (token, id) pairs differ, e.g. "
+                f"{differ[0]!r}; a draft LM must share the target's tokenizer")

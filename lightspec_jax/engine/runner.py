@@ -1,0 +1,157 @@
+"""The model runner: owns the device state and the compiled steps, for plain and speculative
+decoding alike (plain decoding is the case without a drafter).
+
+Compiled at start-up, each in a registry keyed by its bucket:
+    prefill  per prefill row bucket T   prompt chunks (and the drafter's prefill)
+    decode   per verify bucket B        the fused step of step.py; draft depth is an argument
+    write    per written-slot count U   admissions and aborts scattered into the slot state
+
+A steady-state engine step dispatches one decode executable and reads back one packed array,
+whose copy to the host starts as soon as the step is dispatched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from lightspec_jax.models import Qwen3
+
+from ..drafters import Drafter
+from . import step
+from .batch import PrefillInputs, Readback, SlotRows, SlotState, write_slots
+from .buckets import BucketRegistry, powers_of_two
+from .scheduler import PrefillChunk
+from .verifier import ExactMatch
+
+
+def abstract(tree):
+    """ShapeDtypeStructs of a pytree of arrays (what `.lower()` compiles against)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+
+
+@dataclasses.dataclass
+class Dispatched:
+    """Device results of one dispatched engine step, not read yet."""
+
+    first_tokens: jax.Array | None  # [C] the prefill's first tokens
+    readback: jax.Array | None  # [N, K+1+5] the decode step's packed read-back
+    confidence: jax.Array | None  # [N, K] confidences of the verified proposals
+
+
+class ModelRunner:
+    def __init__(self, target: Qwen3, drafter: Drafter | None, *, num_slots: int,
+                 cache_len: int, max_depth: int, prefill_buckets: tuple[int, ...],
+                 decode_buckets: tuple[int, ...], verifier=None, show_progress: bool = True):
+        self.num_slots = n = num_slots
+        self.max_depth = k = max(max_depth, 1)  # plain decoding keeps a 1-wide empty proposal
+        self.cache_len = cache_len
+        self.drafter = drafter
+        self.verifier = verifier or ExactMatch()
+        self.columns = Readback(width=k + 1)
+        graphdef, t_state = nnx.split(target)
+        self._t_leaves, t_treedef = jax.tree.flatten(t_state)
+        self._d_leaves = drafter.param_leaves if drafter is not None else []
+        self.cache = target.new_cache(num_slots=n, max_len=cache_len)
+        self.dcache = drafter.new_cache(num_slots=n, cache_len=cache_len) if drafter else None
+        self.state = SlotState.empty(n, k)
+        verifier = self.verifier
+
+        def merge(leaves):
+            return nnx.merge(graphdef, jax.tree.unflatten(t_treedef, leaves))
+
+        def prefill_fn(t_leaves, d_leaves, cache, dcache, state, inputs):
+            return step.prefill(merge(t_leaves), drafter, d_leaves, cache, dcache, state, inputs)
+
+        def decode_fn(rows):
+            def fn(t_leaves, d_leaves, cache, dcache, state, depth, extra):
+                return step.decode(merge(t_leaves), drafter, verifier, d_leaves, cache, dcache,
+                                   state, depth, extra, num_rows=rows)
+            return fn
+
+        self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
+        self.decode_registry = BucketRegistry("decode step", decode_buckets)
+        self.write_registry = BucketRegistry("slot write", powers_of_two(n))
+        t_abs, d_abs = abstract(self._t_leaves), abstract(self._d_leaves)
+        cache_abs, dcache_abs, state_abs = (abstract(x) for x in
+                                            (self.cache, self.dcache, self.state))
+        donate = dict(donate_argnames=("cache", "dcache", "state"))
+        work = ([("prefill", t) for t in self.prefill_registry.sizes]
+                + [("decode", b) for b in self.decode_registry.sizes]
+                + [("write", u) for u in self.write_registry.sizes])
+        depth_abs = jax.ShapeDtypeStruct((), jnp.int32)
+        extra_abs = abstract(verifier.empty_inputs(n, k))
+        for kind, size in tqdm(work, desc="compiling device steps", disable=not show_progress,
+                               leave=False):
+            if kind == "prefill":
+                self.prefill_registry.compile(
+                    size, prefill_fn, t_abs, d_abs, cache_abs, dcache_abs, state_abs,
+                    abstract(PrefillInputs.empty(size, n)), **donate)
+            elif kind == "decode":
+                self.decode_registry.compile(size, decode_fn(size), t_abs, d_abs, cache_abs,
+                                             dcache_abs, state_abs, depth_abs, extra_abs,
+                                             **donate)
+            else:
+                self.write_registry.compile(size, write_slots, state_abs,
+                                            abstract(SlotRows.empty(size, n)),
+                                            donate_argnames=("state",))
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(r.compile_seconds for r in (self.prefill_registry, self.decode_registry,
+                                               self.write_registry))
+
+    # --- dispatch (never waits for the device) ----------------------------------------------
+
+    def write(self, writes) -> None:
+        """Scatters (slot, admitted request or None for a slot left by an abort) into the slot
+        state: an admitted request's sampling values, seed, stop ids and allowance."""
+        rows = SlotRows.empty(self.write_registry.pick(len(writes)), self.num_slots)
+        for i, (slot, request) in enumerate(writes):
+            rows.slot[i] = slot
+            if request is not None:
+                p = request.params
+                rows.temperature[i], rows.top_k[i], rows.top_p[i] = (p.temperature, p.top_k,
+                                                                      p.top_p)
+                rows.seed[i] = request.seed
+                stops = sorted(request.stop_ids)
+                rows.stop_ids[i, :len(stops)] = stops
+                rows.remaining[i] = request.allowance
+        self.state = self.write_registry(len(rows.slot), self.state, rows)
+
+    def prefill(self, chunks: tuple[PrefillChunk, ...]) -> jax.Array:
+        """Dispatches prompt chunks; returns the completing prompts' first tokens [C]."""
+        rows = self.prefill_registry.pick(sum(c.length for c in chunks))
+        inputs = PrefillInputs.empty(rows, self.num_slots)
+        row = completing = 0
+        for chunk in chunks:
+            request, end = chunk.request, row + chunk.length
+            stop = chunk.start + chunk.length
+            inputs.row_slot[row:end] = request.slot
+            inputs.row_pos[row:end] = np.arange(chunk.start, stop)
+            inputs.row_token[row:end] = request.prompt_token_ids[chunk.start:stop]
+            nxt = request.prompt_token_ids[chunk.start + 1:stop + 1]  # x_{p+1} where known
+            inputs.row_next_token[row:row + len(nxt)] = nxt
+            if chunk.completes_prompt:
+                inputs.sample_row[completing] = end - 1
+                inputs.sample_slot[completing] = request.slot
+                completing += 1
+            row = end
+        self.cache, self.dcache, self.state, tokens = self.prefill_registry(
+            rows, self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state, inputs)
+        tokens.copy_to_host_async()
+        return tokens
+
+    def decode(self, rows: int, depth: int, extra=()) -> tuple[jax.Array, jax.Array]:
+        """Dispatches one fused decode step over a `rows` bucket drafting `depth` next;
+        returns (packed read-back [N, K+1+5], verified confidences [N, K]) on the device."""
+        self.cache, self.dcache, self.state, readback, conf = self.decode_registry(
+            rows, self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state,
+            np.int32(depth), extra)
+        readback.copy_to_host_async()
+        return readback, conf

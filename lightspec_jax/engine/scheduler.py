@@ -1,0 +1,192 @@
+"""Continuous batching over a fixed number of KV slots, and the only code that changes a
+request after it is queued (host only: plain Python and numpy).
+
+`schedule()` admits waiting requests into free slots in arrival order and hands the row
+budget left after the decodes to prefill chunks, oldest first, so a long prompt is spread
+over several steps instead of stalling running decodes. `postprocess()` applies a step's
+read-back: it appends tokens, ends requests and updates the per-slot counters, vectorised
+over slots; only requests that produced tokens are touched one by one.
+
+The device decides which slots decode (batch.py); the host mirrors it one step late in
+`decoding`, which can only over-count (a request the device already ended), so a decode
+bucket sized from it always holds every active slot.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from ..metrics import SpecCounters
+from ..request import FinishReason, Request
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillChunk:
+    request: Request
+    start: int  # first prompt position of the chunk
+    length: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        return self.start + self.length == self.request.prompt_len
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledStep:
+    """What one engine step dispatches: slot writes, prompt chunks, and a decode step over the
+    `num_decoding` slots the device will find active."""
+
+    writes: tuple[tuple[int, Request | None], ...]  # (slot, admitted request or None: leave)
+    prefills: tuple[PrefillChunk, ...]
+    num_decoding: int
+    num_with_proposal: int
+    context_len: int  # committed tokens of the decoding requests (the planner's cost axis)
+
+    @property
+    def prefill_rows(self) -> int:
+        return sum(c.length for c in self.prefills)
+
+
+class Scheduler:
+    def __init__(self, *, num_slots: int, max_rows: int):
+        self.num_slots = num_slots
+        self.max_rows = max_rows
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: dict[int, Request] = {}  # slot -> request, in admission order
+        self.prefilling: dict[int, Request] = {}  # the running requests with prompt left
+        self.owner: list[Request | None] = [None] * num_slots  # slot -> request
+        self._free_slots = list(range(num_slots - 1, -1, -1))  # pop() gives the lowest slot
+        self._writes: dict[int, Request | None] = {}  # pending slot writes, last one wins
+        n = num_slots
+        self.decoding = np.zeros(n, bool)  # host view of the device's active slots
+        self.has_proposal = np.zeros(n, bool)
+        self.total_len = np.zeros(n, np.int64)
+        # Speculative counters per slot (SpecCounters fields), reset at admission.
+        self.counters = np.zeros((4, n), np.int64)  # steps, drafted, verified, accepted
+        self.last_live = np.zeros(n, bool)  # slots whose decode tokens the last read applied
+
+    # --- queueing ---------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request: Request) -> None:
+        slot = request.slot
+        self.finish(request, FinishReason.ABORT)
+        if slot is not None and slot not in self._writes:
+            self._writes[slot] = None  # the device must stop decoding it
+
+    # --- one step ---------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledStep:
+        while self.waiting and self._free_slots:
+            request = self.waiting.popleft()
+            slot = request.slot = self._free_slots.pop()
+            self.running[slot] = self.prefilling[slot] = request
+            self.owner[slot] = request
+            self._writes[slot] = request
+            self.decoding[slot] = self.has_proposal[slot] = False
+            self.total_len[slot] = request.prompt_len
+            self.counters[:, slot] = 0
+        budget = self.max_rows - int(self.decoding.sum())
+        prefills = []
+        for request in list(self.prefilling.values()):
+            if budget <= 0:
+                break
+            length = min(request.prompt_len - request.num_prefilled, budget)
+            chunk = PrefillChunk(request, request.num_prefilled, length)
+            prefills.append(chunk)
+            request.num_prefilled += length  # counted at dispatch: never scheduled twice
+            if chunk.completes_prompt:  # the device activates it in this step's prefill
+                self.decoding[request.slot] = True
+                del self.prefilling[request.slot]
+            budget -= length
+        writes = tuple(self._writes.items())
+        self._writes.clear()
+        decoding = self.decoding
+        return ScheduledStep(writes=writes, prefills=tuple(prefills),
+                             num_decoding=int(decoding.sum()),
+                             num_with_proposal=int((decoding & self.has_proposal).sum()),
+                             context_len=int(self.total_len[decoding].sum()))
+
+    def dispatched_decode(self, depth: int) -> None:
+        """Every decoding slot holds a proposal after a decode step that drafts."""
+        self.has_proposal[self.decoding] = depth > 0
+
+    def postprocess(self, owners: list, first_tokens: list[tuple[Request, int]],
+                    readback: np.ndarray | None, columns) -> list[Request]:
+        """Applies one step's read-back; returns the requests that produced tokens or ended.
+
+        owners: slot -> request when the step was dispatched (a slot may have changed hands
+        since; tokens of a request that already ended are dropped, never emitted).
+        first_tokens: (request, token) of each prompt the step's prefill completed.
+        readback: [N, K+1+5] decode read-back (batch.Readback `columns`), or None.
+        """
+        changed = []
+        for request, token in first_tokens:
+            if request.finished:
+                continue
+            request.output_token_ids.append(token)
+            self.total_len[request.slot] += 1
+            if token in request.stop_ids:
+                self.finish(request, FinishReason.STOP)
+            elif (len(request.output_token_ids) >= request.allowance):
+                self.finish(request, FinishReason.LENGTH)
+            changed.append(request)
+        if readback is None:
+            return changed
+        c = columns
+        emitted = readback[:, c.emitted]  # [N]
+        finished = readback[:, c.finished]
+        live = self.last_live = np.zeros(self.num_slots, bool)
+        ended = []
+        for slot in np.flatnonzero(emitted).tolist():
+            request = owners[slot]
+            if request is None or request.finished:  # aborted while its step was in flight
+                continue
+            live[slot] = True
+            new = readback[slot, :emitted[slot]].tolist()
+            request.output_token_ids.extend(new)
+            changed.append(request)
+            if finished[slot]:
+                ended.append((request, new[-1]))
+        self.total_len[live] += emitted[live]
+        self.counters[0, live] += 1
+        self.counters[1:, live] += readback[live][:, [c.offered, c.verified, c.accepted]].T
+        for request, last in ended:  # after the counters: finishing snapshots them
+            self.finish(request, FinishReason.STOP if last in request.stop_ids
+                        else FinishReason.LENGTH)
+        return changed
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """Marks a request finished and frees its slot (its KV strip is simply reused)."""
+        request.finish_reason = reason
+        slot = request.slot
+        if slot is not None and self.running.get(slot) is request:
+            request.spec = self.spec_counters(slot)
+            del self.running[slot]
+            self.prefilling.pop(slot, None)
+            self.owner[slot] = None
+            self.decoding[slot] = False
+            self._free_slots.append(slot)
+            self._free_slots.sort(reverse=True)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    def counters_of(self, request: Request) -> SpecCounters:
+        """A request's speculative counters: final once it finished, else its slot's."""
+        if request.spec is not None:
+            return request.spec
+        if request.slot is not None and self.owner[request.slot] is request:
+            return self.spec_counters(request.slot)
+        return SpecCounters()
+
+    def spec_counters(self, slot: int) -> SpecCounters:
+        steps, drafted, verified, accepted = self.counters[:, slot].tolist()
+        return SpecCounters(steps=steps, drafted=drafted, verified=verified, accepted=accepted)

@@ -1,0 +1,129 @@
+"""The device steps, as pure functions: prefill, the fused decode step, and slot writes.
+
+One decode step, all on the device, in one executable per verify bucket B:
+
+    fill     B verify rows: each active slot's last token plus its highest prefix-survival
+             drafts (pallas_kernels.fill)
+    target   the target's forward over the B flat rows (its cost follows B, not N x (K+1)),
+             then the target's own token per row: argmax, or a sample keyed by (seed, position)
+    verify   accepted prefix + bonus token per slot (the verifier: exact match by default)
+    commit   seq_len += accepted + 1; stop ids and the allowance cut what is emitted and end
+             requests on the device (pallas_kernels.commit)
+    draft    the drafter's forward over the verified rows, then `depth` draft tokens per slot,
+             `depth` a runtime argument (a bounded loop), so one executable serves every depth
+
+Plain decoding is the same step without a drafter: no proposal, one row per active slot.
+Axis legend: N slots, K max draft depth, B verify rows, T prefill rows, C completing prompts,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lightspec_jax.models import KVCache, Qwen3
+from lightspec_jax.pallas_kernels import commit, fill
+
+from ..drafters import Drafter, DraftRows
+from ..sampling import sample
+from .batch import PrefillInputs, SlotState, pack_readback
+
+
+def _slot_sampling(state: SlotState, slot: jax.Array):
+    """The sampling values of `slot` [R] -> four [R] arrays for `sample`."""
+    return state.temperature[slot], state.top_k[slot], state.top_p[slot], state.seed[slot]
+
+
+def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dcache,
+            state: SlotState, inputs: PrefillInputs):
+    """Prompt chunks through the target (and the drafter); each completing prompt samples its
+    first token and its slot turns active (unless that token already ends it).
+
+    Returns (cache, dcache, state, first tokens [C]).
+    """
+    n = state.seq_len.shape[0]
+    aux = drafter.aux_layers if drafter is not None else ()
+    out = target(inputs.row_token, inputs.row_pos, inputs.row_slot, cache,
+                 logits_rows=inputs.sample_row, aux_layers=aux)  # logits [C, V]
+    at = inputs.sample_slot  # [C]; N on padding (scatters drop it)
+    slot = jnp.clip(at, 0, n - 1)
+    prompt_len = inputs.row_pos[inputs.sample_row] + 1  # [C]: the first token's position
+    tokens = sample(out.logits, *_slot_sampling(state, slot), prompt_len)  # [C]
+    stops = jnp.any(state.stop_ids[slot] == tokens[:, None], axis=1)  # [C]
+    remaining = state.remaining[slot] - 1
+
+    def put(x, value):
+        return x.at[at].set(value.astype(x.dtype), mode="drop")
+
+    state = state._replace(seq_len=put(state.seq_len, prompt_len),
+                           last_token=put(state.last_token, tokens),
+                           remaining=put(state.remaining, remaining),
+                           active=put(state.active, ~stops & (remaining > 0)),
+                           proposal_len=put(state.proposal_len, jnp.zeros_like(at)))
+    if drafter is not None:
+        # x_{p+1} of each prompt row: the next prompt token, or the token sampled here.
+        by_slot = jnp.zeros((n + 1,), jnp.int32).at[at].set(tokens)  # [N+1]
+        rows = inputs.row_slot.shape[0]
+        is_last = jnp.zeros((rows,), bool).at[jnp.where(at < n, inputs.sample_row, rows)].set(
+            True, mode="drop")  # [T]
+        next_token = jnp.where(is_last, by_slot[inputs.row_slot], inputs.row_next_token)
+        draft_rows = DraftRows(token=inputs.row_token, next_token=next_token,
+                               hidden=out.aux_hidden, position=inputs.row_pos,
+                               slot=inputs.row_slot)
+        dcache = drafter.prefill(d_leaves, dcache, draft_rows, target_embed=target.embed[...])
+    return out.cache, dcache, state, tokens
+
+
+def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KVCache, dcache,
+           state: SlotState, depth: jax.Array, extra, *, num_rows: int):
+    """fill -> target over B rows -> verify -> commit -> draft `depth` (traced) tokens.
+
+    Returns (cache, dcache, state, readback [N, K+1+5] (batch.Readback), verified proposal's
+    confidences [N, K]).
+    """
+    n, k = state.draft_tokens.shape
+    active = state.active
+    layout = fill(verifier.fill_confidence(state, extra), state.proposal_len, active,
+                  num_rows=num_rows)
+    slot = jnp.clip(layout.row_slot, 0, n - 1)  # [B]; padding rows read slot N-1
+    offset = layout.row_offset  # [B]
+    draft_at = state.draft_tokens[slot, jnp.clip(offset - 1, 0, k - 1)]
+    row_token = jnp.where(offset == 0, state.last_token[slot], draft_at)  # [B]
+    row_pos = state.seq_len[slot] + offset  # [B]
+
+    aux = drafter.aux_layers if drafter is not None else ()
+    out = target(row_token, row_pos, layout.row_slot, cache, aux_layers=aux)
+    # The token sampled at a row is for position row_pos + 1: the key plain decoding uses
+    # there, so the committed tokens are exactly the target's own.
+    target_tokens = sample(out.logits, *_slot_sampling(state, slot), row_pos + 1)  # [B]
+    accepted, out_tokens, num_new = verifier.verify(target_tokens, layout, state.draft_tokens,
+                                                    extra)
+    done = commit(out_tokens, num_new, accepted, layout, state.seq_len, active, state.stop_ids,
+                  state.remaining)
+    stepped = active & layout.slot_valid  # [N]
+    goes_on = stepped & ~done.finished  # [N]: drafts for these only
+    readback = pack_readback(out_tokens, done.num_emitted, accepted, layout.lengths,
+                             jnp.where(stepped, state.proposal_len, 0), done.finished)
+    verified_conf = state.draft_conf
+    state = state._replace(
+        seq_len=done.new_seq_len,
+        last_token=jnp.where(stepped, done.new_last_token, state.last_token),
+        remaining=state.remaining - done.num_emitted,
+        active=active & ~done.finished,
+        proposal_len=jnp.where(stepped, 0, state.proposal_len))
+    if drafter is not None:
+        embed = target.embed[...]
+        rows = DraftRows(token=row_token, next_token=target_tokens, hidden=out.aux_hidden,
+                         position=row_pos, slot=layout.row_slot)
+        dcache, carry = drafter.commit(d_leaves, dcache, rows, tail_row=done.tail_row,
+                                       bonus=done.new_last_token, new_seq_len=done.new_seq_len,
+                                       stepped=goes_on, target_embed=embed)
+        dcache, proposal = drafter.draft(d_leaves, dcache, carry, depth=depth, max_depth=k,
+                                         target_embed=embed)
+        keep = goes_on[:, None]
+        state = state._replace(
+            draft_tokens=jnp.where(keep, proposal.tokens, state.draft_tokens),
+            draft_conf=jnp.where(keep, proposal.confidence, state.draft_conf),
+            proposal_len=jnp.where(goes_on, depth, state.proposal_len).astype(jnp.int32))
+    return out.cache, dcache, state, readback, verified_conf
