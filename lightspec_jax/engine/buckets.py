@@ -20,12 +20,14 @@ from jax import monitoring
 _COMPILE_EVENT_PREFIX = "/jax/core/compile/"
 
 
-def powers_of_two(top: int, *, start: int = 1) -> tuple[int, ...]:
-    """start, 2 start, 4 start, ... below `top`, and `top` itself (prefill rows, slot writes)."""
+def powers_of_two(top: int, *, start: int = 1, base: int = 2) -> tuple[int, ...]:
+    """start, base start, base^2 start, ... below `top`, and `top` itself (prefill rows, plain
+    decode rows; slot writes use base 4: they are rare, so fewer executables beat tighter
+    padding)."""
     out, b = {top}, start
     while b < top:
         out.add(b)
-        b *= 2
+        b *= base
     return tuple(sorted(out))
 
 

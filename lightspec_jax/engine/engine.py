@@ -133,9 +133,10 @@ class Engine:
                         config.max_model_len, limit)
         if config.show_progress:
             auto = " (dtype='auto')" if config.dtype == "auto" else ""
-            print(f"lightspec_jax: {model.dtype}{auto} on {jax.default_backend()}; compiled {len(config.buckets)} prefill buckets "
-                  f"{list(config.buckets)} and {len(decode_buckets)} decode buckets "
-                  f"{list(decode_buckets)} in {self.compile_seconds:.1f} s")
+            print(f"lightspec_jax: {model.dtype}{auto} on {jax.default_backend()}; compiled "
+                  f"{len(config.buckets)} prefill buckets {list(config.buckets)} and "
+                  f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
+                  f"{self.compile_seconds:.1f} s")
         self.planner = self.cost_profile = self._cost_path = None
         if speculative:
             depths = tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC else (k,)
@@ -171,6 +172,10 @@ class Engine:
         from ..checkpoint import DRAFT_LM, EAGLE3, drafter_kind, load_eagle3, load_qwen3
         from ..drafters import DraftLMDrafter, Eagle3Drafter
 
+        if drafter_path is not None and config.speculative.policy is Policy.NONE:
+            raise ValueError(f"drafter_path={drafter_path!r} was given with policy 'none', which "
+                             "would ignore it: choose a speculative policy "
+                             "(SpeculativeConfig(policy='dynamic', num_speculative_tokens=K))")
         enable_compilation_cache(config.compilation_cache_dir)
         model = load_qwen3(target_path, dtype=config.resolved_dtype)
         kind = None if drafter_path is None else drafter_kind(drafter_path)

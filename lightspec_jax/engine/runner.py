@@ -76,7 +76,7 @@ class ModelRunner:
 
         self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
         self.decode_registry = BucketRegistry("decode step", decode_buckets)
-        self.write_registry = BucketRegistry("slot write", powers_of_two(n))
+        self.write_registry = BucketRegistry("slot write", powers_of_two(n, base=4))
         t_abs, d_abs = abstract(self._t_leaves), abstract(self._d_leaves)
         cache_abs, dcache_abs, state_abs = (abstract(x) for x in
                                             (self.cache, self.dcache, self.state))

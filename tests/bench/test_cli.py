@@ -1,40 +1,176 @@
-"""Smoke runs of each lightspec-bench command on the shipped tiny pair (tiny settings)."""
+"""lightspec-bench on the shipped tiny pair with tiny settings: results, help, names, errors."""
 
+import argparse
 import json
+import re
 
 import pytest
 
-from lightspec_jax.bench.cli import concurrency_buckets, main, parse_policy
+from lightspec_jax.assets import tiny_pair
+from lightspec_jax.bench.cli import build_parser, main
+from lightspec_jax.bench.policies import parse_policy, policy_arg
+from lightspec_jax.bench.report import LEGEND, interpret, ranking, serve_table, versions
+from lightspec_jax.bench.serve import prefill_buckets
+from lightspec_jax.bench.simulate import bench_name, resolve
+
+SETTINGS = ("dtype", "max_tokens", "num_prompts", "concurrency", "policies", "seed", "repeats",
+            "workload", "target", "drafter", "max_depth")
+VERSIONS = ("lightspec_jax", "jax", "jaxlib", "flax", "numpy", "python", "platform")
 
 
-def test_serve_and_sweep_write_results(tmp_path):
+def test_serve_and_sweep_write_results(tmp_path, capsys):
     out = tmp_path / "serve"
     assert main(["serve", "--concurrency", "2", "--num-prompts", "2", "--max-tokens", "6",
-                 "--policies", "none", "static:2", "--out", str(out)]) == 0
+                 "--policies", "none", "static:2", "--repeats", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
     result = json.loads((out / "serve.json").read_text())
-    assert [r["policy"] for r in result["rows"]] == ["none", "static K=2"]
+    assert [r["policy"] for r in result["rows"]] == ["none", "static:2"]
     assert result["rows"][1]["identical_to_none"] is True  # greedy speculative == plain
+    assert all(len(r["tok_s_repeats"]) == 2 for r in result["rows"])
+    assert all(r["tok_s_min"] <= r["tok_s"] <= r["tok_s_max"] for r in result["rows"])
+    assert set(SETTINGS) <= set(result["settings"]) and set(VERSIONS) <= set(result["versions"])
+    assert result["settings"]["policies"] == ["none", "static:2"]
+    assert result["dtype"] == "float32" and result["settings"]["dtype"] == "auto"  # on the CPU
+    assert result["ranking"][0].startswith("c=2: ")
+    assert result["interpretation"] == [line for line in printed.splitlines()
+                                        if line.startswith("c=2: ")]
+    for phase in ("building engine none", "building engine static:2", "serving, repeat 2/2"):
+        assert phase in printed
+    assert LEGEND in printed and re.search(r"^c\s+policy\s+tok/s", printed, re.M)
     assert (out / "serve.png").stat().st_size > 0
+
+    from lightspec_jax.engine.buckets import concurrency_buckets
 
     out = tmp_path / "sweep"
     assert main(["sweep", "--max-num-seqs", "2", "--max-depth", "2", "--context", "16",
                  "--out", str(out)]) == 0
     result = json.loads((out / "sweep.json").read_text())
     assert sorted(map(int, result["verify_ms"])) == list(concurrency_buckets(2, 2))
+    assert sorted(map(int, result["draft_depth_ms"])) == [1, 2]
+    assert result["dtype"] == "float32" and "versions" in result
     assert (out / "sweep.png").stat().st_size > 0
 
 
-def test_simulate_passes_through(capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["simulate", "--help"])
-    assert e.value.code == 0
-    assert "lightspec-bench simulate" in capsys.readouterr().out
+def test_simulate_uses_the_serve_names(tmp_path, capsys):
+    out = tmp_path / "sim"
+    assert main(["simulate", "--concurrency", "2", "--policies", "static-3", "dynamic",
+                 "--requests", "4", "--jobs", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((out / "simulate.json").read_text())
+    assert [r["label"] for r in result["runs"]] == ["static:3", "dynamic:11"]
+    assert result["settings"]["policies"] == ["static:3", "dynamic:11"]
+    assert "| 2 | static:3 |" in printed and "static K=3" not in printed
+    assert (out / "simulate.png").stat().st_size > 0
+
+
+def test_simulate_name_mapping():
+    assert resolve("static:3") == resolve("static-3") == "static-3"
+    assert resolve("dspark:11") == "dspark-11" and bench_name("dspark-11") == "dspark:11"
+    assert resolve("dynamic") == resolve("dynamic:11")
+    assert resolve("dynamic-no-refresh") == "dynamic-no-refresh"  # ablations keep their names
+    with pytest.raises(argparse.ArgumentTypeError, match="no policy 'static:5'.*static:3"):
+        resolve("static:5")
+    with pytest.raises(argparse.ArgumentTypeError, match="not simulated"):
+        resolve("none")
 
 
 def test_policy_parsing():
     assert parse_policy("static:11") == ("static", 11)
+    assert parse_policy("static-3") == ("static", 3)  # the simulator's old spelling
     assert parse_policy("dynamic") == ("dynamic", None)
-    with pytest.raises(Exception, match="static needs"):
+    assert policy_arg("dspark:5") == "dspark:5" and policy_arg("static-3") == "static:3"
+    with pytest.raises(argparse.ArgumentTypeError, match="static needs"):
         parse_policy("static")
-    with pytest.raises(Exception, match="unknown policy"):
-        parse_policy("fast")
+    with pytest.raises(argparse.ArgumentTypeError, match="did you mean 'dynamic:4'"):
+        parse_policy("dynamc:4")
+    for bad in ("fast", "none:3", "static:x", "static:0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_policy(bad)
+
+
+@pytest.mark.parametrize("command", ["serve", "sweep", "simulate"])
+def test_every_option_has_help_and_a_default(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert f"usage: lightspec-bench {command}" in text
+    # An option's entry: its line(s) from "  --name" up to the next option.
+    entries = [e for e in re.split(r"\n(?=  -)", text.split("options:", 1)[1])
+               if e.strip().startswith("--")]  # every option but -h/--help
+    assert len(entries) >= 4
+    for entry in entries:
+        signature, _, help_text = entry.strip().partition("  ")  # help starts after 2+ spaces
+        help_text = " ".join(help_text.split())
+        assert "default" in help_text, f"{command} {signature}: no default shown"
+        assert re.sub(r"\(default: [^)]*\)", "", help_text).strip(), f"{signature}: no help"
+
+
+def test_help_texts():
+    parser = build_parser()
+    top = parser.format_help()
+    assert "  lightspec-bench serve\n      The main job" in top  # line breaks kept
+    serve = parser.commands["serve"].format_help()
+    flat = " ".join(serve.split())
+    assert "none, static:K, dynamic[:K] or dspark[:K]" in flat
+    assert "Eagle3 drafter" in flat and "draft LM (a small Qwen3 sharing the target's vocabulary" \
+        in flat
+
+
+@pytest.mark.parametrize("argv, suggestion", [
+    (["serv"], "did you mean 'serve'"),
+    (["simulat", "--all"], "did you mean 'simulate'"),
+    (["serve", "--concurency", "4"], "did you mean '--concurrency'"),
+    (["serve", "--workload", "mth"], "did you mean 'math'"),
+    (["serve", "--policies", "statc:3"], "did you mean 'static:3'"),
+])
+def test_typos_get_a_suggestion(argv, suggestion, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert suggestion in capsys.readouterr().err
+
+
+def test_bad_values_are_usage_errors(capsys):
+    for argv, message in ((["serve", "--concurrency", "0"], "--concurrency must be >= 1"),
+                          (["serve", "--max-depth", "16"], "--max-depth must be in [1, 15]"),
+                          (["serve", "--target", "/nonexistent"], "is not a directory")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+
+
+def _row(c, policy, tok_s, **spec):
+    return {"concurrency": c, "policy": policy, "tok_s": tok_s, "tok_s_min": tok_s * 0.9,
+            "tok_s_max": tok_s * 1.1, "requests": 16, **spec}
+
+
+def test_interpretation_and_table():
+    spec = dict(acceptance_rate=0.8, acceptance_length=3.2, verify_rows_per_step=3.7,
+                mean_depth=3.0, identical_to_none=True)
+    rows = [_row(1, "none", 100), _row(1, "static:3", 200, **spec), _row(1, "dynamic:7", 180, **spec),
+            _row(64, "none", 1000), _row(64, "static:3", 600, **spec),
+            _row(64, "dynamic:7", 800, **spec)]
+    assert interpret(rows) == [
+        "c=1: dynamic:7 1.80x plain, 0.90x best fixed K (static:3, within the spread of repeats)"
+        "; fastest: static:3",
+        "c=64: dynamic:7 0.80x plain, 1.33x best fixed K (static:3); fastest: none"]
+    assert interpret(rows[:2]) == ["c=1: fastest: static:3 2.00x plain"]
+    assert ranking(rows) == ["c=1: none < static:3 ~ dynamic:7", "c=64: static:3 < dynamic:7 < none"]
+    text = serve_table(rows)
+    assert text.splitlines()[0].split()[:3] == ["c", "policy", "tok/s"]
+    assert text.splitlines()[-1] == LEGEND
+    assert "162-198" in text and "0.80x" in text
+
+
+def test_versions_and_assets():
+    assert set(versions()) == set(VERSIONS)
+    pair = tiny_pair()
+    assert pair.target.endswith("tiny-pair/target") and pair.draft_lm.endswith("draft-lm")
+    target, drafter, draft_lm = pair  # also a plain tuple
+
+
+def test_prefill_buckets():
+    assert prefill_buckets(1, 40) == (64,)  # one prompt, a power of two
+    assert prefill_buckets(64, 40) == (64, 256)  # a prompt; a wave, capped
+    assert prefill_buckets(300, 10) == (16, 300)  # never below the concurrency

@@ -16,7 +16,8 @@ from lightspec_jax import RequestError, SamplingParams
     (dict(stop_token_ids=(-1,)), "stop_token_ids"),
 ])
 def test_bad_sampling_values(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    # RequestError: one except clause in a serving loop covers every bad user input.
+    with pytest.raises(RequestError, match=match):
         SamplingParams(**kwargs)
 
 
@@ -53,7 +54,7 @@ def test_bad_requests_do_not_disturb_others(engine):
 
 
 def test_generate_validates_all_prompts_before_queueing(engine):
-    with pytest.raises(RequestError, match="empty prompt"):
+    with pytest.raises(RequestError, match="prompt 1: empty prompt"):
         engine.generate([[1, 2, 3], []], SamplingParams(max_tokens=4))
     assert not engine.has_unfinished_requests()
     with pytest.raises(ValueError, match="2 SamplingParams for 1 prompts"):
@@ -68,3 +69,23 @@ def test_generate_refuses_a_busy_engine(engine):
         engine.generate([[1]])
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def test_silent_misconfigurations_are_errors(engine, caplog):
+    """A drafter the policy would ignore is refused; a max_model_len past the target's
+    positions gets a warning; CheckpointError is importable from the top level."""
+    import dataclasses
+    import logging
+
+    from lightspec_jax import CheckpointError, Engine
+    from lightspec_jax.drafters import DraftLMDrafter
+
+    with pytest.raises(ValueError, match="policy 'none'"):
+        Engine(engine.model, config=engine.config, drafter=DraftLMDrafter(engine.model))
+    assert issubclass(CheckpointError, Exception)
+    long = dataclasses.replace(engine.config, max_num_seqs=1, max_num_batched_tokens=8,
+                               row_buckets=(8,),
+                               max_model_len=engine.model.config.max_position_embeddings + 1)
+    with caplog.at_level(logging.WARNING, logger="lightspec_jax.engine.engine"):
+        Engine(engine.model, config=long)
+    assert "max_position_embeddings" in caplog.text

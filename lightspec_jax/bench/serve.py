@@ -1,0 +1,177 @@
+"""`lightspec-bench serve`: output tokens per second of each decoding policy at each
+concurrency, on one prompt workload, through the public Engine API only.
+
+Timing is made robust against a shared, noisy machine: every (concurrency, policy) engine is
+built and warmed once and kept; then each repeat times every policy on the same prompts, in a
+rotated order (repeat r starts at policy r), so slow phases of the machine spread over the
+policies instead of landing on one. Rows report the median with its min-max.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from .policies import parse_policy, policy_name
+from .report import spread
+
+
+def auto_num_prompts(concurrency: int) -> int:
+    """Prompts per concurrency level when --num-prompts is not given: two full batches (the
+    queue refills as requests finish, so the batch stays full most of the run), and at least
+    16 so that c = 1 times more than a second of work per repeat."""
+    return max(16, 2 * concurrency)
+
+
+def build_engine(args, *, policy: str, depth: int, concurrency: int, max_model_len: int,
+                 longest_prompt: int, synthetic: str | None = None, **config):
+    from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
+    from lightspec_jax.engine.buckets import concurrency_buckets
+
+    spec = (SpeculativeConfig() if policy == "none" else
+            SpeculativeConfig(policy=policy, num_speculative_tokens=depth))
+    rows = prefill_buckets(concurrency, longest_prompt)
+    config = EngineConfig(max_num_seqs=concurrency, max_model_len=max_model_len,
+                          dtype=args.dtype, speculative=spec,
+                          max_num_batched_tokens=rows[-1], row_buckets=rows,
+                          # Buckets from one row per request up to full width: the concurrency
+                          # is known, so smaller buckets would never be used.
+                          verify_buckets=concurrency_buckets(concurrency, depth) if depth else None,
+                          synthetic_acceptance=synthetic if depth else None,
+                          show_progress=True, **config)
+    return Engine.from_pretrained(args.target, None if policy == "none" else args.drafter,
+                                  config=config)
+
+
+def resolved_dtype(dtype: str) -> str:
+    """What "auto" means on this machine (float32 on a CPU), as the engine resolves it."""
+    from lightspec_jax import EngineConfig
+
+    return EngineConfig(dtype=dtype).resolved_dtype
+
+
+def prefill_buckets(concurrency: int, longest_prompt: int) -> tuple[int, ...]:
+    """Rows per step: one bucket that holds a whole prompt and one for a wave of prompts (at
+    most 256 rows, never below the concurrency), powers of two. Every bucket is compiled at
+    start-up, so two instead of the default six or so save most of the prefill compile time."""
+    def pow2(n: int) -> int:
+        return 1 << (max(8, n) - 1).bit_length()
+
+    top = max(concurrency, min(256, pow2(concurrency * longest_prompt)))
+    return tuple(sorted({min(pow2(longest_prompt), top), top}))
+
+
+def serve(args) -> dict:
+    from lightspec_jax import SamplingParams
+    from lightspec_jax.tokenizer import Tokenizer
+
+    from .workloads import load_workload
+
+    tokenizer = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
+    # args.policies are resolved names ("static:3", "dynamic:7"); depth 0 = plain decoding.
+    policies = [(name, k or 0) for name, k in map(parse_policy, args.policies)]
+    print("lightspec-bench serve: one engine per (concurrency, policy); compiled buckets and "
+          "measured costs are cached on disk, so the first run takes longest", flush=True)
+    rows = []
+    for c in args.concurrency:
+        n = args.num_prompts or auto_num_prompts(c)
+        items = load_workload(args.workload, tokenizer, n, seed=args.seed,
+                              max_prompt_len=args.max_prompt_len)
+        prompts = [it.prompt_token_ids for it in items]
+        # Each request stops where its workload's reference answer ends (or at EOS), at most
+        # --max-tokens: output lengths follow the workload, as in `vllm bench serve`.
+        params = [SamplingParams(max_tokens=min(args.max_tokens, max(it.output_len, 1)),
+                                 temperature=args.temperature, seed=i, ignore_eos=args.ignore_eos)
+                  for i, it in enumerate(items)]
+        longest = max(len(p) for p in prompts)
+        engines = {}
+        for name, depth in policies:
+            label = policy_name(name, depth or None)
+            what = "compiling its buckets" + (", timing them for the planner" if depth else "")
+            print(f"[c={c}] building engine {label}: {what}", flush=True)
+            start = time.perf_counter()
+            engine = build_engine(args, policy=name, depth=depth, concurrency=c,
+                                  max_model_len=longest + args.max_tokens + 1,
+                                  longest_prompt=longest, synthetic=args.synthetic)
+            startup = time.perf_counter() - start
+            # A short full-batch run: each executable's first call (allocation, thread pools)
+            # stays out of the timing.
+            warm = min(c, len(prompts))
+            engine.generate(prompts[:warm], [dataclasses.replace(p, max_tokens=min(
+                p.max_tokens, 4)) for p in params[:warm]])
+            engines[label] = _Measured(engine=engine, startup_s=startup, speculative=bool(depth))
+            print(f"[c={c}] {label} ready in {startup:.1f} s", flush=True)
+        labels = list(engines)
+        print(f"[c={c}] serving {len(prompts)} prompts with each policy, {args.repeats} times, "
+              "in rotated order", flush=True)
+        for rep in range(args.repeats):
+            order = labels[rep % len(labels):] + labels[:rep % len(labels)]
+            for label in order:
+                engines[label].run(prompts, params)
+            print(f"[c={c}] serving, repeat {rep + 1}/{args.repeats}: " + ", ".join(
+                f"{label} {engines[label].tok_s[-1]:.0f}" for label in order) + " tok/s",
+                flush=True)
+        plain = engines.get("none")
+        for label, m in engines.items():
+            row = m.row(concurrency=c, policy=label, requests=len(prompts))
+            if plain is not None and label != "none" and not args.synthetic \
+                    and args.temperature == 0:
+                row["identical_to_none"] = m.token_ids == plain.token_ids
+            rows.append(row)
+        del engines, plain  # free this concurrency's engines before building the next ones
+    return {"command": "serve", "rows": rows, "dtype": resolved_dtype(args.dtype),
+            "prompts_per_concurrency": {r["concurrency"]: r["requests"] for r in rows}}
+
+
+class _Measured:
+    """One kept engine and what its timed runs measured."""
+
+    def __init__(self, *, engine, startup_s: float, speculative: bool):
+        self.engine, self.startup_s, self.speculative = engine, startup_s, speculative
+        self.tok_s: list[float] = []
+        self.wall_s: list[float] = []
+        self.token_ids = None
+        self.counters = {"steps": 0, "verified": 0, "accepted": 0}
+        self.spec_steps = self.rows = self.depth = 0.0
+
+    def run(self, prompts, params) -> None:
+        before = self._stats()
+        start = time.perf_counter()
+        outs = self.engine.generate(prompts, params)
+        wall = time.perf_counter() - start
+        after = self._stats()
+        self.wall_s.append(wall)
+        self.tok_s.append(sum(len(o.token_ids) for o in outs) / wall)
+        self.token_ids = self.token_ids or [o.token_ids for o in outs]
+        for o in outs:
+            if o.metrics is not None:
+                for key in self.counters:
+                    self.counters[key] += getattr(o.metrics, key)
+        if after:
+            # summary() covers the engine's whole life (warm-up included); the difference of
+            # its running totals isolates the timed runs.
+            steps = after["spec_steps"] - before["spec_steps"]
+            self.spec_steps += steps
+            self.rows += (after["verify_rows_per_step"] * after["spec_steps"]
+                          - before["verify_rows_per_step"] * before["spec_steps"])
+            self.depth += (after["mean_draft_depth"] * after["spec_steps"]
+                           - before["mean_draft_depth"] * before["spec_steps"])
+
+    def _stats(self) -> dict | None:
+        stats = self.engine.stats
+        return stats.summary() if stats is not None and self.speculative else None
+
+    def row(self, **key) -> dict:
+        s = spread(self.tok_s)
+        row = {**key, "tok_s": s["median"], "tok_s_min": s["min"], "tok_s_max": s["max"],
+               "tok_s_repeats": s["values"], "wall_s_repeats": self.wall_s,
+               "startup_s": self.startup_s}
+        if self.spec_steps:
+            t = self.counters
+            row.update(acceptance_rate=t["accepted"] / max(t["verified"], 1),
+                       acceptance_length=1 + t["accepted"] / max(t["steps"], 1),
+                       verify_rows_per_step=self.rows / self.spec_steps,
+                       mean_depth=self.depth / self.spec_steps,
+                       ms_per_step=1e3 * sum(self.wall_s) / self.spec_steps)
+        return row

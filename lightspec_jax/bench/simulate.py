@@ -1,0 +1,170 @@
+"""`lightspec-bench simulate`: the planner's closed-loop simulator under the bench's policy names.
+
+The simulator (lightspec_jax.planner.simulate) keys its policies as static-3, dspark-11, ...;
+here they are spelled as `serve` spells them (static:3, dynamic:11, dspark:7, plus oracle:11
+and the named ablations), mapped onto the simulator's keys, and printed back the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import re
+import shlex
+import time
+
+from .policies import parse_policy, policy_name
+
+_KINDS = ("static", "dynamic", "dspark", "oracle")
+
+
+def simulator_names() -> dict[str, str]:
+    """Bench name -> the simulator's policy key, for every policy the simulator defines."""
+    from lightspec_jax.planner.simulate import POLICIES
+
+    out = {}
+    for key, policy in POLICIES.items():
+        # Ablations (planner options set) keep their descriptive key; the plain ones are
+        # exactly "kind at depth K" and take the bench spelling.
+        out[key if policy.options else policy_name(policy.kind, policy.max_depth)] = key
+    return out
+
+
+def resolve(text: str) -> str:
+    """A policy as typed (static:3, static-3, dynamic, oracle, dynamic-no-refresh) -> the
+    simulator's key; raises ArgumentTypeError naming what the simulator has."""
+    from lightspec_jax.planner.simulate import POLICIES
+
+    names = simulator_names()
+    if text in names:
+        return names[text]
+    if text in POLICIES and text in names.values():
+        return text  # a simulator key that is also its own bench name (an ablation)
+    try:
+        kind, k = parse_policy(text, kinds=_KINDS)
+    except argparse.ArgumentTypeError as e:
+        if text == "none":
+            raise argparse.ArgumentTypeError(
+                "the simulator compares speculative policies; 'none' (plain decoding) is not "
+                "simulated") from None
+        raise argparse.ArgumentTypeError(f"{e}; the simulator has {_available(names)}") from None
+    if k is None and kind in POLICIES:  # bare kind: the simulator's own default depth
+        return kind
+    name = policy_name(kind, k)
+    if name not in names:
+        raise argparse.ArgumentTypeError(f"the simulator has no policy {name!r}; it has "
+                                         f"{_available(names)}")
+    return names[name]
+
+
+def bench_name(key: str) -> str:
+    """The simulator's key -> its bench spelling (inverse of resolve)."""
+    return {v: k for k, v in simulator_names().items()}[key]
+
+
+def _available(names: dict[str, str]) -> str:
+    return ", ".join(names)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The simulator's options (defaults from its module, so the two CLIs cannot drift)."""
+    from lightspec_jax.planner.profiles import PROFILES
+    from lightspec_jax.planner.simulate import CONCURRENCIES, MAIN_POLICIES
+
+    p.add_argument("--profiles", nargs="+", default=["chat"], choices=sorted(PROFILES),
+                   metavar="PROFILE",
+                   help=f"synthetic workload profiles, any of {', '.join(sorted(PROFILES))}")
+    p.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCIES),
+                   metavar="C", help="requests in flight, one run per level")
+    p.add_argument("--policies", nargs="+", type=_policy_arg, metavar="POLICY",
+                   default=[bench_name(k) for k in MAIN_POLICIES],
+                   help="static:K, dynamic[:K], dspark[:K], oracle[:K] (the simulator has: "
+                        f"{_available(simulator_names())}); a bare name takes the simulator's "
+                        "depth; static-3 is accepted as static:3")
+    p.add_argument("--all", action="store_true",
+                   help="every profile with the default concurrencies and policies, plus the "
+                        "ablations on chat and code: the run behind "
+                        "benchmarks/results/simulate.md")
+    p.add_argument("--cost-model", choices=("roofline", "table"), default="roofline",
+                   help="ground-truth step times: the H200 roofline, or a --cost-table file")
+    p.add_argument("--cost-table", metavar="PATH", default=None,
+                   help='JSON {"target": CostTable, "draft": CostTable}; implies --cost-model '
+                        "table (default: none)")
+    p.add_argument("--target-overhead-ms", type=float, default=None,
+                   help="roofline fixed cost per target step (default: the calibrated 2.22)")
+    p.add_argument("--draft-overhead-ms", type=float, default=None,
+                   help="roofline fixed cost per draft forward (default: the calibrated 1.10)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per run (default: max(4 x concurrency, 32))")
+    p.add_argument("--steps-per-octave", type=int, default=4,
+                   help="verify bucket density: sizes per doubling of rows")
+    p.add_argument("--no-draft-at-prefill", action="store_true",
+                   help="new requests have no proposal on their first decode step")
+    p.add_argument("--seed", type=int, default=0, help="seed of requests and acceptance draws")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="worker processes (the default is every CPU)")
+
+
+def _policy_arg(text: str) -> str:
+    return bench_name(resolve(text))
+
+
+def _run_one(task) -> dict:
+    """One simulation, in a worker process: (SimConfig, cost-table path or None, overrides)."""
+    from lightspec_jax.planner.costmodel import RooflineCostModel, TableCostModel
+    from lightspec_jax.planner.simulate import run
+
+    config, cost_path, overrides = task
+    cost = TableCostModel.load(cost_path) if cost_path else RooflineCostModel(**overrides)
+    return run(config, cost).summary()
+
+
+def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
+    from lightspec_jax.planner.costmodel import RooflineCostModel, TableCostModel
+    from lightspec_jax.planner.profiles import PROFILES
+    from lightspec_jax.planner.report import format_report
+    from lightspec_jax.planner.simulate import (ABLATION_POLICIES, MAIN_POLICIES, SimConfig,
+                                                default_requests)
+
+    overrides = {k: v for k, v in (("target_overhead_ms", args.target_overhead_ms),
+                                   ("draft_overhead_ms", args.draft_overhead_ms)) if v is not None}
+    if args.cost_table:
+        TableCostModel.load(args.cost_table)  # fail early, with the file's own error
+    elif args.cost_model == "table":
+        parser.error("--cost-model table needs --cost-table PATH")
+    if any(c < 1 for c in args.concurrency):
+        parser.error(f"concurrency levels must be >= 1, got {args.concurrency}")
+    if args.requests is not None and args.requests < 1:
+        parser.error(f"--requests must be >= 1, got {args.requests}")
+    keys = [resolve(name) for name in args.policies]
+    groups = [(p, keys) for p in args.profiles]
+    if args.all:
+        groups = [(p, list(MAIN_POLICIES)) for p in sorted(PROFILES)]
+        groups += [(p, [q for q in ABLATION_POLICIES if q not in MAIN_POLICIES])
+                   for p in ("chat", "code")]
+    tasks = [(SimConfig(profile=profile, concurrency=c, policy=key,
+                        num_requests=args.requests or default_requests(c), seed=args.seed,
+                        steps_per_octave=args.steps_per_octave,
+                        draft_at_prefill=not args.no_draft_at_prefill), args.cost_table, overrides)
+             for profile, policies in groups for c in args.concurrency for key in policies]
+    # Low concurrency takes the most steps: starting those first keeps the workers even.
+    tasks.sort(key=lambda t: t[0].concurrency)
+    start = time.perf_counter()
+    if args.jobs > 1 and len(tasks) > 1:
+        with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(tasks))) as pool:
+            runs = list(pool.map(_run_one, tasks))
+    else:
+        runs = [_run_one(t) for t in tasks]
+    wall = time.perf_counter() - start
+    for r in runs:  # the printed and saved label is the name the user types
+        r["label"] = bench_name(r["policy"])
+    command = shlex.join(["lightspec-bench", "simulate", *argv])
+    cost_name = args.cost_table or RooflineCostModel(**overrides).name
+    report = format_report(runs, cost_name=cost_name, command=command, wall_s=wall,
+                           jobs=args.jobs)
+    # The report's column heads still use the simulator's "static K=3" spelling.
+    print(re.sub(r"\bstatic K=(\d+)", r"static:\1", report), flush=True)
+    return {"command": "simulate", "wall_s": wall, "cost_model": cost_name,
+            "policies": {bench_name(k): k for k in dict.fromkeys(t[0].policy for t in tasks)},
+            "runs": runs}
