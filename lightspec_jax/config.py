@@ -51,8 +51,9 @@ class EngineConfig:
     # Parameter and activation dtype. "auto": bfloat16 on a GPU or TPU, float32 on a CPU, where
     # bfloat16 matmuls run 4-60x slower (no native bf16 arithmetic in XLA's CPU backend).
     dtype: str = "auto"
-    # Flat rows one step may carry (decode rows + prefill chunk rows); long prompts are split
-    # into chunks so they never stall running decodes for their whole length.
+    # Prompt rows one step may prefill (its largest prefill bucket); long prompts are split
+    # into chunks so they never stall running decodes for their whole length. Decode rows
+    # run in their own executable, sized by the verify buckets.
     max_num_batched_tokens: int = 256
     # Compiled row-count buckets; None = powers of two from 8 up to max_num_batched_tokens.
     row_buckets: tuple[int, ...] | None = None
@@ -88,10 +89,6 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
-                f"({self.max_num_seqs}) so every running request gets its decode row each step")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be 'auto', 'bfloat16', 'float16' or 'float32', got "
                              f"{self.dtype!r}")

@@ -30,10 +30,11 @@ class RequestOutput:
                  "_count", "_metrics")
 
     def __init__(self, request: "Request", new_token_ids: list[int], count: int, metrics):
+        reason = request.finish_reason
         self.request_id = request.request_id
         self.new_token_ids = new_token_ids  # generated since the previous report
-        self.finished = request.finished
-        self.finish_reason = None if request.finish_reason is None else request.finish_reason.value
+        self.finished = reason is not None
+        self.finish_reason = None if reason is None else reason.value
         self._request = request
         self._count = count
         self._metrics = metrics
@@ -58,7 +59,10 @@ class RequestOutput:
     def metrics(self) -> SpecCounters | None:
         """Speculative counters (None in plain decoding): final once finished, else as of
         when read."""
-        return self._metrics() if callable(self._metrics) else self._metrics
+        source = self._metrics  # SpecCounters, None, or the scheduler that counts them
+        if source is None or isinstance(source, SpecCounters):
+            return source
+        return source.counters_of(self._request)
 
     def __repr__(self) -> str:
         return (f"RequestOutput(request_id={self.request_id!r}, new_token_ids="
@@ -99,8 +103,8 @@ class Request:
         return self.prompt_len + len(self.output_token_ids)
 
     def report(self, metrics) -> RequestOutput:
-        """The output since the last report; `metrics` is SpecCounters, a zero-argument
-        callable giving them, or None."""
+        """The output since the last report; `metrics` is SpecCounters, None, or an object
+        whose counters_of(request) gives them when read (the scheduler)."""
         count = len(self.output_token_ids)
         new = self.output_token_ids[self.num_reported:count]
         self.num_reported = count

@@ -15,7 +15,6 @@ Step i+1 is dispatched before step i is read (`overlap`), so host work hides beh
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -385,13 +384,10 @@ class Engine:
             observer(event)
 
     def _output(self, request: Request) -> RequestOutput:
-        if request.finished:
+        if request.finish_reason is not None:
             self._requests.pop(request.request_id, None)
-        metrics = None
-        if self.planner is not None:
-            metrics = request.spec  # final once finished; until then counted per slot
-            if metrics is None:
-                metrics = functools.partial(self.scheduler.counters_of, request)
+        # Speculative counters: final once finished, until then read from the scheduler.
+        metrics = None if self.planner is None else request.spec or self.scheduler
         return request.report(metrics)
 
     def _costs(self, depths):

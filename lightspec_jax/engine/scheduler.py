@@ -1,9 +1,9 @@
 """Continuous batching over a fixed number of KV slots, and the only code that changes a
 request after it is queued (host only: plain Python and numpy).
 
-`schedule()` admits waiting requests into free slots in arrival order and hands the row
-budget left after the decodes to prefill chunks, oldest first, so a long prompt is spread
-over several steps instead of stalling running decodes. `postprocess()` applies a step's
+`schedule()` admits waiting requests into free slots in arrival order and hands the prompt
+row budget (max_num_batched_tokens) to prefill chunks, oldest first, so a long prompt is
+spread over several steps instead of stalling running decodes. `postprocess()` applies a step's
 read-back: it appends tokens, ends requests and updates the per-slot counters, vectorised
 over slots; only requests that produced tokens are touched one by one.
 
@@ -94,7 +94,8 @@ class Scheduler:
             self.decoding[slot] = self.has_proposal[slot] = False
             self.total_len[slot] = request.prompt_len
             self.counters[:, slot] = 0
-        budget = self.max_rows - int(self.decoding.sum())
+        # Prompt rows per step; decodes run in their own executable, sized by the planner.
+        budget = self.max_rows
         prefills = []
         for request in list(self.prefilling.values()):
             if budget <= 0:
@@ -143,19 +144,23 @@ class Scheduler:
             return changed
         c = columns
         emitted = readback[:, c.emitted]  # [N]
-        finished = readback[:, c.finished]
-        live = self.last_live = np.zeros(self.num_slots, bool)
-        ended = []
-        for slot in np.flatnonzero(emitted).tolist():
+        slots = np.flatnonzero(emitted)
+        # One conversion to Python lists for all slots: numpy indexing per slot costs more.
+        rows = readback[slots].tolist()
+        at_emitted, at_finished = c.emitted, c.finished
+        kept, ended = [], []
+        for slot, row in zip(slots.tolist(), rows):
             request = owners[slot]
-            if request is None or request.finished:  # aborted while its step was in flight
+            if request is None or request.finish_reason is not None:  # aborted in flight
                 continue
-            live[slot] = True
-            new = readback[slot, :emitted[slot]].tolist()
+            kept.append(slot)
+            new = row[:row[at_emitted]]
             request.output_token_ids.extend(new)
             changed.append(request)
-            if finished[slot]:
+            if row[at_finished]:
                 ended.append((request, new[-1]))
+        live = self.last_live = np.zeros(self.num_slots, bool)
+        live[kept] = True
         self.total_len[live] += emitted[live]
         self.counters[0, live] += 1
         self.counters[1:, live] += readback[live][:, [c.offered, c.verified, c.accepted]].T
