@@ -16,6 +16,8 @@ the minimum is the estimate least disturbed by it.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 
 import jax
@@ -67,7 +69,6 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
     weights), dtype, slots, buckets, depths, cache length, device kind and library versions.
     Any change gives another key, so a stale table is never loaded."""
     import hashlib
-    import json
 
     import numpy as np
 
@@ -134,6 +135,48 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
                        # each depth re-reads the context: scale, not shift, across contexts
                        depth=CostTable(depth_ms, context_len=total_context, impute="scale"),
                        context_per_request=context, num_slots=n)
+
+
+class CostStore:
+    """Where an engine's cost tables live between starts: `cost_table_path` when given, else
+    a file in the cost cache named by `cache_key` (None: nowhere, sweep every start)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    @classmethod
+    def for_engine(cls, config, runner: ModelRunner, target, *, depths: tuple[int, ...],
+                   policy: str) -> "CostStore":
+        path = config.cost_table_path
+        if path is None and config.resolved_cost_cache_dir is not None:
+            from lightspec_jax import __version__
+
+            key = cache_key(runner, target, dtype=str(target.dtype), depths=depths,
+                            policy=policy, version=__version__)
+            path = os.path.join(config.resolved_cost_cache_dir, f"{key}.json")
+        return cls(path)
+
+    def load_or_sweep(self, runner: ModelRunner, *, depths: tuple[int, ...],
+                      show_progress: bool) -> CostProfile:
+        """The stored tables, or the bucket sweep's (stored for the next start)."""
+        if self.path and os.path.isfile(self.path):
+            with open(self.path) as f:
+                profile = CostProfile.from_json(json.load(f))
+            if show_progress:
+                print(f"lightspec_jax: cost tables from {self.path}")
+            return profile
+        profile = profile_costs(runner, depths=depths, show_progress=show_progress)
+        self.save(profile)
+        return profile
+
+    def save(self, profile: CostProfile) -> None:
+        if not self.path:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(profile.to_json(), f, indent=1)
+        os.replace(tmp, self.path)  # atomic: a concurrent start never reads half a file
 
 
 def device_interval_ms(*, previous_ready: float | None, previous_waited: bool,

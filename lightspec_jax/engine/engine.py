@@ -15,7 +15,6 @@ Step i+1 is dispatched before step i is read (`overlap`), so host work hides beh
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -24,16 +23,16 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, StepPlan, make_planner
+from lightspec_jax.planner import PlannerSpec, StepObservation, StepPlan, make_planner
 
 from ..config import EngineConfig, Policy, SamplingParams
 from ..drafters import Drafter
 from ..metrics import EngineStats, StepRecord
 from ..request import FinishReason, Request, RequestError, RequestOutput
-from ..tokenizer import IncrementalDetokenizer, Tokenizer, load_eos_ids
-from .batch import MAX_STOP_IDS
+from ..tokenizer import Tokenizer, load_eos_ids
+from .intake import make_request
 from .buckets import CompileWatch, enable_compilation_cache, powers_of_two, verify_buckets
-from .costs import CostProfile, cache_key, device_interval_ms, profile_costs
+from .costs import CostStore, device_interval_ms
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .verifier import ExactMatch, SyntheticAcceptance
@@ -136,15 +135,23 @@ class Engine:
                   f"{len(config.buckets)} prefill buckets {list(config.buckets)} and "
                   f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
                   f"{self.compile_seconds:.1f} s")
-        self.planner = self.cost_profile = self._cost_path = None
+        self.planner = self.cost_profile = self._cost_store = None
         if speculative:
             depths = tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC else (k,)
-            target, draft, depth, self.cost_profile = self._costs(depths)
+            tables = {}
+            # Full width needs no prices: static decoding sweeps only to fill a given path.
+            if spec.policy is not Policy.STATIC or config.cost_table_path:
+                self._cost_store = CostStore.for_engine(config, self.runner, model, depths=depths,
+                                                        policy=spec.policy.value)
+                self.cost_profile = self._cost_store.load_or_sweep(
+                    self.runner, depths=depths, show_progress=config.show_progress)
+                p = self.cost_profile
+                tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
             options = {"depth": k} if spec.policy is Policy.STATIC else {}
             self.planner = make_planner(
                 spec.policy.value, PlannerSpec(verify_buckets=decode_buckets, draft_depths=depths,
                                                max_depth=k, drafter_kind=drafter.kind),
-                target_costs=target, draft_costs=draft, depth_costs=depth, **options)
+                **tables, **options)
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens)
         self._requests: dict[str, Request] = {}  # live or not yet reported as finished
@@ -390,99 +397,24 @@ class Engine:
         metrics = None if self.planner is None else request.spec or self.scheduler
         return request.report(metrics)
 
-    def _costs(self, depths):
-        """The planner's cost tables: from `cost_table_path`, else the cost cache, else the
-        bucket sweep (then saved to both where configured)."""
-        if self.policy is Policy.STATIC and not self.config.cost_table_path:
-            return CostTable(), CostTable(), CostTable(), None  # full width needs no prices
-        self._cost_path = self.config.cost_table_path
-        if self._cost_path is None and self.config.resolved_cost_cache_dir is not None:
-            from lightspec_jax import __version__
-
-            key = cache_key(self.runner, self.model, dtype=str(self.model.dtype), depths=depths,
-                            policy=self.policy.value, version=__version__)
-            self._cost_path = os.path.join(self.config.resolved_cost_cache_dir, f"{key}.json")
-        if self._cost_path and os.path.isfile(self._cost_path):
-            with open(self._cost_path) as f:
-                profile = CostProfile.from_json(json.load(f))
-            if self.config.show_progress:
-                print(f"lightspec_jax: cost tables from {self._cost_path}")
-        else:
-            profile = profile_costs(self.runner, depths=depths,
-                                    show_progress=self.config.show_progress)
-            self._save_costs(profile)
-        return profile.target, profile.draft, profile.depth, profile
-
     def _save_refreshed_costs(self) -> None:
-        """Keeps the cached tables current with the online refresh (an occasional write)."""
-        if self.planner is not None and self.config.refresh_costs and self.cost_profile:
-            self._save_costs()
-
-    def _save_costs(self, profile=None) -> None:
-        """Writes the cost tables (the planner's current, refreshed ones once it exists)."""
-        if not self._cost_path:
-            return
-        profile = profile or dataclasses.replace(
-            self.cost_profile, target=self.planner.target_costs, draft=self.planner.draft_costs,
-            depth=self.planner.depth_costs)
-        os.makedirs(os.path.dirname(os.path.abspath(self._cost_path)), exist_ok=True)
-        tmp = f"{self._cost_path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(profile.to_json(), f, indent=1)
-        os.replace(tmp, self._cost_path)  # atomic: a concurrent start never reads half a file
+        """Keeps the stored tables current with the online refresh (an occasional write)."""
+        if self.planner is not None and self.config.refresh_costs and self._cost_store:
+            self._cost_store.save(dataclasses.replace(
+                self.cost_profile, target=self.planner.target_costs,
+                draft=self.planner.draft_costs, depth=self.planner.depth_costs))
 
     # --- requests ---------------------------------------------------------------------------
 
     def _make_request(self, request_id, prompt, params, pending=(), who=None) -> Request:
-        """Validates and builds a request; errors name it as `who` (default: its id)."""
-        who = who or f"request {request_id!r}"
-        if not isinstance(request_id, str) or not request_id:
-            raise RequestError(f"request_id must be a non-empty str, got {request_id!r}")
         if request_id in self._requests or any(r.request_id == request_id for r in pending):
             raise RequestError(f"duplicate request id {request_id!r}: a request with this id "
                                "is still unfinished")
-        if not isinstance(params, SamplingParams):
-            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
-        tokens = self._tokenize(who, prompt)
-        limit = self.config.max_model_len
-        if len(tokens) >= limit:
-            raise RequestError(f"{who}: prompt has {len(tokens)} tokens; "
-                               f"max_model_len={limit} leaves no room to generate (need < {limit})")
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"{who}: token id {bad[0]} is outside the "
-                               f"vocabulary [0, {self.vocab_size})")
-        bad_stops = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if bad_stops:
-            raise RequestError(f"{who}: stop token id {bad_stops[0]} is outside "
-                               f"the vocabulary [0, {self.vocab_size})")
-        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**32))
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
-        if len(stops) > MAX_STOP_IDS:
-            raise RequestError(f"{who}: {len(stops)} stop ids (EOS included); "
-                               f"at most {MAX_STOP_IDS} are supported")
-        return Request(request_id=request_id, prompt_token_ids=tokens, params=params, seed=seed,
-                       stop_ids=frozenset(stops),
-                       allowance=min(params.max_tokens, limit - len(tokens)),
-                       detokenizer=self.tokenizer and IncrementalDetokenizer(self.tokenizer))
-
-    def _tokenize(self, who: str, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError(f"{who}: string prompts need a tokenizer.json "
-                                   "beside the checkpoint; pass token ids instead")
-            tokens = self.tokenizer.encode(prompt)
-        else:
-            try:
-                tokens = [int(t) for t in prompt]
-            except (TypeError, ValueError):
-                raise RequestError(f"{who}: prompt must be a str or a sequence "
-                                   f"of ints, got {type(prompt).__name__}") from None
-            if any(not isinstance(t, (int, np.integer)) for t in prompt):
-                raise RequestError(f"{who}: prompt token ids must be ints")
-        if not tokens:
-            raise RequestError(f"{who}: empty prompt")
-        return tokens
+        return make_request(request_id, prompt, params, who=who,
+                            draw_seed=lambda: int(self._rng.integers(0, 2**32)),
+                            tokenizer=self.tokenizer, vocab_size=self.vocab_size,
+                            max_model_len=self.config.max_model_len,
+                            eos_token_ids=self.eos_token_ids)
 
 
 def _check_same_vocabulary(target_path: str, target_vocab: int, draft_path: str,
