@@ -11,7 +11,6 @@ target features, at the next position.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from lightspec_jax.models import Eagle3, KVCache

@@ -28,7 +28,7 @@ from lightspec_jax.planner import PlannerSpec, StepObservation, StepPlan, make_p
 from ..config import EngineConfig, Policy, SamplingParams
 from ..drafters import Drafter
 from ..metrics import EngineStats, StepRecord
-from ..request import FinishReason, Request, RequestError, RequestOutput
+from ..request import Request, RequestError, RequestOutput
 from ..tokenizer import Tokenizer, load_eos_ids
 from .intake import make_request
 from .buckets import CompileWatch, enable_compilation_cache, powers_of_two, verify_buckets

@@ -12,8 +12,6 @@ whose copy to the host starts as soon as the step is dispatched.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,15 +31,6 @@ from .verifier import ExactMatch
 def abstract(tree):
     """ShapeDtypeStructs of a pytree of arrays (what `.lower()` compiles against)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
-
-
-@dataclasses.dataclass
-class Dispatched:
-    """Device results of one dispatched engine step, not read yet."""
-
-    first_tokens: jax.Array | None  # [C] the prefill's first tokens
-    readback: jax.Array | None  # [N, K+1+5] the decode step's packed read-back
-    confidence: jax.Array | None  # [N, K] confidences of the verified proposals
 
 
 class ModelRunner:
