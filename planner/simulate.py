@@ -289,7 +289,34 @@ def default_requests(concurrency: int) -> int:
     return max(4 * concurrency, 32)
 
 
-def _run_task(args):
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """How each simulation runs (cost model, overheads, requests, buckets, seed, workers):
+    shared by this module's CLI and `lightspec-bench simulate`."""
+    parser.add_argument("--cost-model", choices=("roofline", "table"), default="roofline",
+                        help="ground-truth step times: the H200 roofline, or a --cost-table file")
+    parser.add_argument("--cost-table", metavar="PATH", default=None,
+                        help='JSON {"target": CostTable, "draft": CostTable}; implies '
+                             "--cost-model table (default: none)")
+    parser.add_argument("--target-overhead-ms", type=float, default=None,
+                        help="roofline fixed cost per target step (default: the calibrated 2.22)")
+    parser.add_argument("--draft-overhead-ms", type=float, default=None,
+                        help="roofline fixed cost per draft forward (default: the calibrated "
+                             "1.10)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests per run (default: max(4 x concurrency, 32))")
+    parser.add_argument("--steps-per-octave", type=int, default=4,
+                        help="verify bucket density: sizes per doubling of rows (default: 4)")
+    parser.add_argument("--no-draft-at-prefill", action="store_true",
+                        help="new requests have no proposal on their first decode step")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of requests and acceptance draws (default: 0)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="worker processes (default: every CPU)")
+
+
+def run_task(args):
+    """One simulation from (SimConfig, cost-table path or None, roofline overrides): picklable,
+    for worker processes."""
     config, cost_path, overrides = args
     cost = TableCostModel.load(cost_path) if cost_path else RooflineCostModel(**overrides)
     return run(config, cost).summary()
@@ -310,26 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="every profile, the default concurrencies and policies, plus "
                              "ablations on chat and code: the run behind "
                              "benchmarks/results/simulate.md")
-    parser.add_argument("--cost-model", choices=("roofline", "table"), default="roofline",
-                        help="ground-truth step times: H200 roofline, or --cost-table file")
-    parser.add_argument("--cost-table", metavar="PATH",
-                        help='JSON {"target": CostTable, "draft": CostTable} (implies '
-                             "--cost-model table)")
     parser.add_argument("--write-cost-table", metavar="PATH",
                         help="write the roofline's start-up tables in that format and exit")
-    parser.add_argument("--target-overhead-ms", type=float, default=None,
-                        help="roofline fixed cost per target step (default: calibrated 2.22)")
-    parser.add_argument("--draft-overhead-ms", type=float, default=None,
-                        help="roofline fixed cost per draft forward (default: calibrated 1.10)")
-    parser.add_argument("--requests", type=int, default=None,
-                        help="requests per run (default: max(4 x concurrency, 32))")
-    parser.add_argument("--steps-per-octave", type=int, default=4,
-                        help="verify bucket density (default: 4 sizes per doubling)")
-    parser.add_argument("--no-draft-at-prefill", action="store_true",
-                        help="new requests have no proposal on their first decode step")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="worker processes (default: all CPUs)")
+    add_run_arguments(parser)
     parser.add_argument("--json", metavar="PATH", help="also write every run's metrics as JSON")
     args = parser.parse_args(argv)
 
@@ -370,9 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.jobs > 1:
         with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(_run_task, tasks))
+            results = list(pool.map(run_task, tasks))
     else:
-        results = [_run_task(t) for t in tasks]
+        results = [run_task(t) for t in tasks]
     wall = time.perf_counter() - start
     cost_name = cost_path or RooflineCostModel(**overrides).name
     command = "python -m lightspec_jax.planner.simulate " + " ".join(

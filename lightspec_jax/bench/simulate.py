@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import os
 import re
 import shlex
 import time
@@ -70,7 +69,7 @@ def _available(names: dict[str, str]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The simulator's options (defaults from its module, so the two CLIs cannot drift)."""
     from lightspec_jax.planner.profiles import PROFILES
-    from lightspec_jax.planner.simulate import CONCURRENCIES, MAIN_POLICIES
+    from lightspec_jax.planner.simulate import CONCURRENCIES, MAIN_POLICIES, add_run_arguments
 
     p.add_argument("--profiles", nargs="+", default=["chat"], choices=sorted(PROFILES),
                    metavar="PROFILE",
@@ -86,38 +85,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="every profile with the default concurrencies and policies, plus the "
                         "ablations on chat and code: the run behind "
                         "benchmarks/results/simulate.md")
-    p.add_argument("--cost-model", choices=("roofline", "table"), default="roofline",
-                   help="ground-truth step times: the H200 roofline, or a --cost-table file")
-    p.add_argument("--cost-table", metavar="PATH", default=None,
-                   help='JSON {"target": CostTable, "draft": CostTable}; implies --cost-model '
-                        "table (default: none)")
-    p.add_argument("--target-overhead-ms", type=float, default=None,
-                   help="roofline fixed cost per target step (default: the calibrated 2.22)")
-    p.add_argument("--draft-overhead-ms", type=float, default=None,
-                   help="roofline fixed cost per draft forward (default: the calibrated 1.10)")
-    p.add_argument("--requests", type=int, default=None,
-                   help="requests per run (default: max(4 x concurrency, 32))")
-    p.add_argument("--steps-per-octave", type=int, default=4,
-                   help="verify bucket density: sizes per doubling of rows")
-    p.add_argument("--no-draft-at-prefill", action="store_true",
-                   help="new requests have no proposal on their first decode step")
-    p.add_argument("--seed", type=int, default=0, help="seed of requests and acceptance draws")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                   help="worker processes (the default is every CPU)")
+    add_run_arguments(p)
 
 
 def _policy_arg(text: str) -> str:
     return bench_name(resolve(text))
-
-
-def _run_one(task) -> dict:
-    """One simulation, in a worker process: (SimConfig, cost-table path or None, overrides)."""
-    from lightspec_jax.planner.costmodel import RooflineCostModel, TableCostModel
-    from lightspec_jax.planner.simulate import run
-
-    config, cost_path, overrides = task
-    cost = TableCostModel.load(cost_path) if cost_path else RooflineCostModel(**overrides)
-    return run(config, cost).summary()
 
 
 def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
@@ -125,7 +97,7 @@ def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
     from lightspec_jax.planner.profiles import PROFILES
     from lightspec_jax.planner.report import format_report
     from lightspec_jax.planner.simulate import (ABLATION_POLICIES, MAIN_POLICIES, SimConfig,
-                                                default_requests)
+                                                default_requests, run_task)
 
     overrides = {k: v for k, v in (("target_overhead_ms", args.target_overhead_ms),
                                    ("draft_overhead_ms", args.draft_overhead_ms)) if v is not None}
@@ -153,9 +125,9 @@ def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
     start = time.perf_counter()
     if args.jobs > 1 and len(tasks) > 1:
         with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(tasks))) as pool:
-            runs = list(pool.map(_run_one, tasks))
+            runs = list(pool.map(run_task, tasks))
     else:
-        runs = [_run_one(t) for t in tasks]
+        runs = [run_task(t) for t in tasks]
     wall = time.perf_counter() - start
     for r in runs:  # the printed and saved label is the name the user types
         r["label"] = bench_name(r["policy"])
