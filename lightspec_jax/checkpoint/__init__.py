@@ -10,8 +10,8 @@ from .converted import is_converted, read_marker, restore_params, save_converted
 from .qwen3 import abstract_qwen3, load_qwen3_hf, read_qwen3_config, resolve_dtype, save_qwen3_hf
 from .safetensors_io import CheckpointError, TensorReader, read_json
 
-__all__ = ["CheckpointError", "TensorReader", "convert_qwen3", "is_converted", "load_qwen3",
-           "save_qwen3_hf"]
+__all__ = ["CheckpointError", "TensorReader", "check_same_vocabulary", "convert_qwen3",
+           "is_converted", "load_qwen3", "save_qwen3_hf"]
 
 
 def load_qwen3(path: str, *, dtype: str | None = None) -> Qwen3:
@@ -75,3 +75,26 @@ def drafter_kind(path: str) -> str:
         f"{config_path}: unsupported drafter architecture: architectures={archs!r}, "
         f"model_type={hf.get('model_type')!r}; expected an Eagle3 drafter ({', '.join(eagle3)}) "
         f"or a Qwen3 draft LM ({', '.join(SUPPORTED_ARCHITECTURES)})")
+
+
+def check_same_vocabulary(target_path: str, target_vocab: int, draft_path: str,
+                           draft_vocab: int) -> None:
+    """A draft LM proposes token ids the target verifies as its own, so both must number the
+    same tokens alike: equal vocab_size and, when both ship a tokenizer.json, the same
+    token -> id map (another tokenizer would still be lossless, but rarely accepted)."""
+    if draft_vocab != target_vocab:
+        raise CheckpointError(
+            f"draft LM {draft_path} has vocab_size={draft_vocab}, the target {target_path} "
+            f"has {target_vocab}: a draft LM must share the target's vocabulary (same tokenizer)")
+    paths = [os.path.join(p, "tokenizer.json") for p in (target_path, draft_path)]
+    if all(os.path.isfile(p) for p in paths):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        target_map, draft_map = (HFTokenizer.from_file(p).get_vocab(with_added_tokens=True)
+                                 for p in paths)
+        if target_map != draft_map:
+            differ = sorted(set(target_map.items()) ^ set(draft_map.items()))
+            raise CheckpointError(
+                f"the draft LM's tokenizer ({paths[1]}) maps tokens to ids unlike the "
+                f"target's ({paths[0]}): {len(differ)} (token, id) pairs differ, e.g. "
+                f"{differ[0]!r}; a draft LM must share the target's tokenizer")

@@ -175,7 +175,8 @@ class Engine:
         optionally, a drafter for it: an Eagle3 drafter (Hugging Face layout: EAGLE/SpecForge
         or speculators) or a small Qwen3 causal LM sharing the target's vocabulary (a draft
         LM, as transformers' assisted generation uses), told apart by config.json."""
-        from ..checkpoint import DRAFT_LM, EAGLE3, drafter_kind, load_eagle3, load_qwen3
+        from ..checkpoint import (DRAFT_LM, EAGLE3, check_same_vocabulary, drafter_kind,
+                                  load_eagle3, load_qwen3)
         from ..drafters import DraftLMDrafter, Eagle3Drafter
 
         if drafter_path is not None and config.speculative.policy is Policy.NONE:
@@ -193,8 +194,8 @@ class Engine:
                                                 dtype=config.resolved_dtype, load_embed=False))
         elif kind == DRAFT_LM:
             draft_model = load_qwen3(drafter_path, dtype=config.resolved_dtype)
-            _check_same_vocabulary(target_path, model.config.vocab_size, drafter_path,
-                                   draft_model.config.vocab_size)
+            check_same_vocabulary(target_path, model.config.vocab_size, drafter_path,
+                                  draft_model.config.vocab_size)
             drafter = DraftLMDrafter(draft_model)
         tok_path = os.path.join(target_path, "tokenizer.json")
         tokenizer = Tokenizer.from_file(tok_path) if os.path.isfile(tok_path) else None
@@ -415,28 +416,3 @@ class Engine:
                             tokenizer=self.tokenizer, vocab_size=self.vocab_size,
                             max_model_len=self.config.max_model_len,
                             eos_token_ids=self.eos_token_ids)
-
-
-def _check_same_vocabulary(target_path: str, target_vocab: int, draft_path: str,
-                           draft_vocab: int) -> None:
-    """A draft LM proposes token ids the target verifies as its own, so both must number the
-    same tokens alike: equal vocab_size and, when both ship a tokenizer.json, the same
-    token -> id map (another tokenizer would still be lossless, but rarely accepted)."""
-    from ..checkpoint import CheckpointError
-
-    if draft_vocab != target_vocab:
-        raise CheckpointError(
-            f"draft LM {draft_path} has vocab_size={draft_vocab}, the target {target_path} "
-            f"has {target_vocab}: a draft LM must share the target's vocabulary (same tokenizer)")
-    paths = [os.path.join(p, "tokenizer.json") for p in (target_path, draft_path)]
-    if all(os.path.isfile(p) for p in paths):
-        from tokenizers import Tokenizer as HFTokenizer
-
-        target_map, draft_map = (HFTokenizer.from_file(p).get_vocab(with_added_tokens=True)
-                                 for p in paths)
-        if target_map != draft_map:
-            differ = sorted(set(target_map.items()) ^ set(draft_map.items()))
-            raise CheckpointError(
-                f"the draft LM's tokenizer ({paths[1]}) maps tokens to ids unlike the "
-                f"target's ({paths[0]}): {len(differ)} (token, id) pairs differ, e.g. "
-                f"{differ[0]!r}; a draft LM must share the target's tokenizer")
