@@ -28,11 +28,14 @@ PLANNER_KINDS = ("dynamic", "static", "dspark")
 
 def make_planner(kind: str, spec: PlannerSpec, *, target_costs: CostTable | None = None,
                  draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
+                 host_costs: CostTable | None = None, overlap: bool = True,
                  **options) -> BasePlanner:
     """Build a planner by name.
 
     depth_costs: optional ms of the drafting stage after the drafter's first forward, by depth
       (see BasePlanner); without it each further depth is priced as one draft forward over N.
+    host_costs: optional host ms per step by requests N (refreshed by observe_host); with
+      `overlap` a step costs max(device, host), without it their sum.
     kind: "dynamic" (alias "lightspec"): LightSpecPlanner; options are LightSpecOptions fields
       (estimator, progress_decay, survival_decay, stat_half_life, explore_fraction,
       min_probe_interval, refresh_costs).
@@ -44,15 +47,18 @@ def make_planner(kind: str, spec: PlannerSpec, *, target_costs: CostTable | None
         allowed = {f.name for f in dataclasses.fields(LightSpecOptions)}
         _check_options(kind, options, allowed)
         return LightSpecPlanner(spec, target_costs=target_costs, draft_costs=draft_costs,
-                                depth_costs=depth_costs, options=LightSpecOptions(**options))
+                                depth_costs=depth_costs, host_costs=host_costs,
+                                overlap=overlap, options=LightSpecOptions(**options))
     if kind == "static":
         _check_options(kind, options, {"depth"})
         return StaticPlanner(spec, target_costs=target_costs, draft_costs=draft_costs,
-                             depth_costs=depth_costs, **options)
+                             depth_costs=depth_costs, host_costs=host_costs, overlap=overlap,
+                             **options)
     if kind == "dspark":
         _check_options(kind, options, {"capacity_delay"})
         return DSparkPlanner(spec, target_costs=target_costs, draft_costs=draft_costs,
-                             depth_costs=depth_costs, **options)
+                             depth_costs=depth_costs, host_costs=host_costs, overlap=overlap,
+                             **options)
     raise ValueError(f"unknown planner {kind!r}; choose one of {PLANNER_KINDS} (or 'lightspec')")
 
 

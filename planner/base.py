@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from .costs import CostTable
-from .objective import draft_forwards, split_measured_ms
+from .objective import StepCosts, draft_forwards, split_measured_ms
 from .types import PlannerSpec, StepObservation, StepPlan
 
 
@@ -30,11 +30,18 @@ class BasePlanner:
 
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
                  draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
-                 refresh_costs: bool = True) -> None:
+                 host_costs: CostTable | None = None, overlap: bool = True,
+                 refresh_costs: bool = True, reprice_every: int = 8) -> None:
         """target_costs: verify ms by rows B. draft_costs: ms of the drafter's first forward by
         rows (over the B verified rows; also each further depth over N rows unless depth_costs
         is given). depth_costs (optional): ms of the whole drafting stage after that first
         forward, keyed by depth d, for engines that time it per depth (objective.draft_cost_ms).
+        host_costs (optional): the serving loop's host ms per step by requests N, refreshed by
+        observe_host(); with `overlap` a step costs max(device, host), else their sum.
+        reprice_every: plan() prices every bucket once and reuses the prices for up to this
+        many calls while N and the context stay put (within 2%), even if the online refresh
+        moved the tables meanwhile: pricing is most of plan()'s time, and one refreshed
+        sample moves a cell by a tenth at most.
         """
         if not isinstance(spec, PlannerSpec):
             raise TypeError(f"spec must be a PlannerSpec, got {type(spec).__name__}")
@@ -42,10 +49,18 @@ class BasePlanner:
         self.target_costs = target_costs if target_costs is not None else CostTable()
         self.draft_costs = draft_costs if draft_costs is not None else CostTable()
         self.depth_costs = depth_costs if depth_costs is not None else CostTable()
+        self.host_costs = host_costs if host_costs is not None else CostTable()
+        self.overlap = bool(overlap)
         self.refresh_costs = refresh_costs
+        if reprice_every < 1:
+            raise ValueError(f"reprice_every must be >= 1, got {reprice_every}")
+        self.reprice_every = int(reprice_every)
+        self._priced: tuple | None = None  # (key, StepCosts, context, plan call) of the last
+        self._room: np.ndarray | None = None  # [N] draft rows each request may still use
         self.steps = 0  # plan() calls so far
         self._depth = 0  # depth of the proposal the next step verifies (0: none yet)
         self._context: float | None = None  # last batch context seen
+        self._full_rows = 0  # this step's rows at full width (StepPlan.full_rows)
 
     @property
     def has_costs(self) -> bool:
@@ -53,7 +68,8 @@ class BasePlanner:
 
     def plan(self, *, num_requests: int, num_with_proposal: int | None = None,
              confidences: np.ndarray | None = None, context_len: float | None = None,
-             proposal_depth: int | None = None) -> StepPlan:
+             proposal_depth: int | None = None, remaining: np.ndarray | None = None
+             ) -> StepPlan:
         """Choose this step's verify bucket and the next draft depth.
 
         num_requests: N, requests in the step (0 <= N <= largest verify bucket).
@@ -64,6 +80,9 @@ class BasePlanner:
           observed one.
         proposal_depth: depth of the proposal this step verifies, if the engine drafted
           something other than the previous plan's draft_depth (e.g. capped near max length).
+        remaining: [N] tokens each request may still emit this step onward (>= 1), if known.
+          A request commits at most that many, so the fill has no use for its drafts beyond
+          remaining - 1, and the next proposal none beyond remaining - 2.
         """
         n = _as_count("num_requests", num_requests)
         m = n if num_with_proposal is None else _as_count("num_with_proposal", num_with_proposal)
@@ -82,6 +101,14 @@ class BasePlanner:
             if not math.isfinite(context_len) or context_len < 0:
                 raise ValueError(f"context_len must be finite and >= 0, got {context_len}")
             self._context = float(context_len)
+        self._room = None
+        if remaining is not None:
+            rem = np.asarray(remaining)
+            if rem.shape != (n,) or not np.issubdtype(rem.dtype, np.integer) or (
+                    n and rem.min() < 1):
+                raise ValueError(f"remaining must be [N] = ({n},) ints >= 1, got shape "
+                                 f"{rem.shape} dtype {rem.dtype}")
+            self._room = rem.astype(np.int64) - 1
         self.steps += 1
         d_prev = self._depth if m > 0 else 0
         if n == 0:
@@ -89,7 +116,9 @@ class BasePlanner:
                             verify_rows=0, draft_depth=self.spec.draft_depths[0],
                             update_stats=False, reason="empty")
         else:
-            available = min(n + m * d_prev, self.spec.max_requests)
+            self._full_rows = n + (m * d_prev if self._room is None else
+                                   min(m * d_prev, int(np.minimum(self._room, d_prev).sum())))
+            available = min(self._full_rows, self.spec.max_requests)
             plan = self._plan(n=n, m=m, d_prev=d_prev, available=available,
                               confidences=confidences)
         self._depth = plan.draft_depth
@@ -109,6 +138,31 @@ class BasePlanner:
             self._refresh(obs, context)
         if plan.update_stats:
             self._record(obs, accept)
+
+    def observe_host(self, *, num_requests: int, host_ms: float) -> None:
+        """Fold the loop's measured host ms of a decode step with N requests (EMA by N)."""
+        if self.refresh_costs and num_requests > 0 and math.isfinite(host_ms) and host_ms > 0:
+            self.host_costs.update(int(num_requests), float(host_ms))
+
+    def _costs(self, n: int) -> StepCosts:
+        """Every bucket priced for N requests at the current context (see reprice_every)."""
+        tables = (self.target_costs, self.draft_costs, self.depth_costs, self.host_costs)
+        key = (n, tuple(t.version for t in tables))
+        context = self._context
+        if self._priced is not None:
+            old_key, costs, old_context, at = self._priced
+            near = (context == old_context or (
+                context is not None and old_context is not None
+                and abs(context - old_context) <= 0.02 * max(old_context, 1.0)))
+            if near and old_key[0] == n and (old_key == key
+                                             or self.steps - at < self.reprice_every):
+                return costs
+        costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
+                                num_requests=n, context_len=context,
+                                depth_costs=self.depth_costs, host_costs=self.host_costs,
+                                overlap=self.overlap)
+        self._priced = (key, costs, context, self.steps)
+        return costs
 
     def _refresh(self, obs: StepObservation, context: float | None) -> None:
         """Fold measured times into the cost tables (EMA per cell)."""
@@ -154,7 +208,8 @@ class BasePlanner:
         return StepPlan(num_requests=n, num_with_proposal=m, verified_depth=d_prev,
                         fill_rows=int(fill), verify_rows=self.spec.bucket_for(int(fill)),
                         draft_depth=int(depth), update_stats=(m == n and d_prev > 0),
-                        reason=reason, predicted_ms=float(predicted_ms),
+                        reason=reason, full_rows=self._full_rows,
+                        predicted_ms=float(predicted_ms),
                         predicted_tokens=float(predicted_tokens))
 
 

@@ -19,9 +19,10 @@ class StaticPlanner(BasePlanner):
 
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
                  draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
+                 host_costs: CostTable | None = None, overlap: bool = True,
                  depth: int | None = None) -> None:
         super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs,
-                         depth_costs=depth_costs)
+                         depth_costs=depth_costs, host_costs=host_costs, overlap=overlap)
         self.depth = spec.draft_depths[-1] if depth is None else int(depth)
         if self.depth not in spec.draft_depths:
             raise ValueError(f"static depth {self.depth} is not an allowed draft depth "
@@ -50,9 +51,10 @@ class DSparkPlanner(BasePlanner):
 
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
                  draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
+                 host_costs: CostTable | None = None, overlap: bool = True,
                  capacity_delay: int = 2) -> None:
         super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs,
-                         depth_costs=depth_costs)
+                         depth_costs=depth_costs, host_costs=host_costs, overlap=overlap)
         if capacity_delay < 1:
             raise ValueError(f"capacity_delay must be >= 1 call, got {capacity_delay}")
         self.capacity_delay = int(capacity_delay)
@@ -83,9 +85,7 @@ class DSparkPlanner(BasePlanner):
         gains = np.concatenate([[0.0], np.cumsum(scores)])  # [S+1] tokens from top-k rows
         limit = min(available, n + scores.size)
         u, buckets = candidate_rows(self.spec, n, limit)
-        costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
-                                num_requests=n, context_len=self._context,
-                                depth_costs=self.depth_costs)
+        costs = self._costs(n)
         tokens = n + gains[np.minimum(u - n, scores.size)]  # [C]
         rate = tokens / costs.step_ms(buckets, self.spec.draft_depths[-1])
         return int(u[first_best(rate, maximize=True)])

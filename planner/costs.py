@@ -78,6 +78,7 @@ class CostTable:
         # of others. Sorted columns and the donor order per column
         # change only when a column is added (columns are never removed).
         self._cache: dict[int | None, np.ndarray] = {}
+        self.version = 0  # bumped on every change: callers cache what they derive by it
         self._contexts_cache: tuple[int, tuple[int, ...]] | None = None
         self._donor_cache: dict[int | None, list] = {}
         for rows, ms in (ms_by_rows or {}).items():
@@ -238,6 +239,7 @@ class CostTable:
 
     def _clear_caches(self) -> None:
         self._cache.clear()
+        self.version += 1
 
     def _set(self, rows: int, column: int | None, ms: float, *, count: int) -> None:
         self._cells.setdefault(column, {})[rows] = [ms, count]

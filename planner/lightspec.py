@@ -47,6 +47,7 @@ class LightSpecOptions:
     explore_fraction: float = 0.02  # share of step time probes may cost; 0 disables probes
     min_probe_interval: int = 16  # steps between probes, at least
     refresh_costs: bool = True  # EMA-refresh cost tables from measured times
+    reprice_every: int = 8  # plan() calls that may reuse one pricing (BasePlanner)
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -64,10 +65,13 @@ class LightSpecPlanner(BasePlanner):
 
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
                  draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
+                 host_costs: CostTable | None = None, overlap: bool = True,
                  options: LightSpecOptions | None = None) -> None:
         self.options = options or LightSpecOptions()
         super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs,
-                         depth_costs=depth_costs, refresh_costs=self.options.refresh_costs)
+                         depth_costs=depth_costs, host_costs=host_costs, overlap=overlap,
+                         refresh_costs=self.options.refresh_costs,
+                         reprice_every=self.options.reprice_every)
         self.stats = AcceptanceStats(max_depth=spec.max_depth,
                                      progress_decay=self.options.progress_decay,
                                      survival_decay=self.options.survival_decay,
@@ -86,22 +90,14 @@ class LightSpecPlanner(BasePlanner):
               confidences: np.ndarray | None) -> StepPlan:
         if not (self.has_costs and self.stats.has_progress):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
-                              depth=self.spec.draft_depths[-1], reason="cold")
-        costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
-                                num_requests=n, context_len=self._context,
-                                depth_costs=self.depth_costs)
+                              depth=self._cold_depth(), reason="cold")
+        costs = self._costs(n)
         probing = self._probe_depth > 0 and d_prev >= self._probe_depth and m == n
+        fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=probing)
+        reason = "probe" if probing else "plan"
         if probing:
-            fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=True)
-            reason = "probe"
             self._probe_depth = 0
             self._last_probe_step = self.steps
-        elif d_prev == 0:  # nothing drafted: only target rows; priced with a depth-1 draft
-            fill, step_ms, tokens = self._evaluate(costs, n, n, 1)
-            reason = "plan"
-        else:
-            fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev)
-            reason = "plan"
         depth, best_j = self._next_depth(costs, n)
         if self._probe_depth == 0:
             self._probe_depth = self._maybe_probe(costs, n, depth, best_j)
@@ -114,58 +110,77 @@ class LightSpecPlanner(BasePlanner):
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
                           predicted_ms=step_ms, predicted_tokens=tokens)
 
+    def _cold_depth(self) -> int:
+        """Depth before the first statistics. With costs (the engine's sweep or its cached
+        tables) that is one step: draft the deepest depth and verify it at full width, which
+        measures the survival of every depth at once. Without costs the planner cannot price
+        anything and may stay cold for long, so it drafts a moderate depth (at most 3, the
+        usual good static K) rather than the deepest."""
+        if self.has_costs:
+            return self.spec.draft_depths[-1]
+        moderate = [d for d in self.spec.draft_depths if d <= 3]
+        return moderate[-1] if moderate else self.spec.draft_depths[0]
+
     def ms_per_token(self, *, num_requests: int, fill_rows: int, depth: int,
                      context_len: float | None = None) -> float:
-        """J(N, u, d): estimated target + draft ms per committed token of verifying `fill_rows`
-        rows of a depth-`depth` proposal for N requests (its bucket's cost). For diagnostics
-        and tests; plan() evaluates the same quantity."""
+        """J(N, u, d): estimated wall ms per committed token of verifying `fill_rows` rows of a
+        depth-`depth` proposal for N requests (its bucket's cost). For diagnostics and tests;
+        plan() evaluates the same quantity."""
         if not self.has_costs:
             raise ValueError("no cost estimates yet: give target_costs and draft_costs")
         context = self._context if context_len is None else context_len
         costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
                                 num_requests=num_requests, context_len=context,
-                                depth_costs=self.depth_costs)
+                                depth_costs=self.depth_costs, host_costs=self.host_costs,
+                                overlap=self.overlap)
         bucket = np.array([self.spec.bucket_for(fill_rows)])
         progress = self.stats.progress(num_requests, fill_rows, depth, now=self.steps)
         tokens = min(max(fill_rows * progress, num_requests), num_requests * (depth + 1))
         return float(costs.step_ms(bucket, depth)[0]) / tokens
 
-    def _objective(self, costs: StepCosts, n: int, available: int, depth: int
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _objective(self, costs: StepCosts, n: int, available: int, depth: int,
+                   room: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(u [C], step ms [C], tokens [C]) for every candidate at one proposal depth."""
         u, buckets = candidate_rows(self.spec, n, available)
-        progress = self.stats.progress_many(n, u, depth, now=self.steps)  # [C]
-        tokens = np.clip(u * progress, n, n * (depth + 1))
+        progress = self.stats.progress_many(n, u, depth, now=self.steps, room=room)  # [C]
+        tokens = np.clip(u * progress, n, _full_rows(n, depth, room))
         return u, costs.step_ms(buckets, depth), tokens
 
     def _evaluate(self, costs: StepCosts, n: int, available: int, depth: int,
                   full: bool = False) -> tuple[int, float, float]:
         """Stage 1: the u with the lowest ms per token (or the full width for a probe)."""
-        u, step_ms, tokens = self._objective(costs, n, available, depth)
+        u, step_ms, tokens = self._objective(costs, n, available, depth, self._room)
         i = len(u) - 1 if full else first_best(step_ms / tokens)
         return int(u[i]), float(step_ms[i]), float(tokens[i])
+
+    def _next_room(self) -> np.ndarray | None:
+        """[N] drafts each request can use in the next proposal: this step commits at least
+        one of its remaining tokens, and the next one's bonus another."""
+        return None if self._room is None else np.maximum(self._room - 1, 0)
 
     def _next_depth(self, costs: StepCosts, n: int) -> tuple[int, float]:
         """Stage 2: the depth whose best full-proposal configuration costs least per token.
 
-        Every allowed depth d at once: a [D, C] grid of candidates u (the buckets from N's up
-        to the one holding the full width N(d+1), as candidate_rows gives them), priced and
-        filled in one pass - plan() runs on the host every step, and at low concurrency its
-        time is a visible share of the step."""
-        depths = np.asarray(self.spec.draft_depths)  # [D]
+        Every allowed depth d at once (0, the floor, when the engine offers it): a [D, C] grid
+        of candidates u (the buckets from N's up to the one holding the full width, as
+        candidate_rows gives them), priced and filled in one pass - plan() runs on the host
+        every step, and its time is part of the step's."""
+        depths = np.asarray(self.spec.choices)  # [D]
         buckets = np.asarray(self.spec.verify_buckets)  # [all buckets]
-        full = np.minimum(n * (depths + 1), self.spec.max_requests)  # [D]
+        room = self._next_room()
+        full = np.minimum([_full_rows(n, int(d), room) for d in depths.tolist()],
+                          self.spec.max_requests)  # [D]
         lo = int(np.searchsorted(buckets, n, side="left"))
         hi = np.minimum(np.searchsorted(buckets, full, side="left"), len(buckets) - 1)  # [D]
         cols = np.arange(lo, int(hi.max()) + 1)  # [C]
         valid = cols[None, :] <= hi[:, None]  # [D, C]
         u = np.minimum(buckets[cols][None, :], full[:, None])  # [D, C]
-        progress = self.stats.progress_grid(n, u, depths, now=self.steps)  # [D, C]
-        tokens = np.clip(u * progress, n, n * (depths[:, None] + 1))
+        progress = self.stats.progress_grid(n, u, depths, now=self.steps, room=room)  # [D, C]
+        tokens = np.clip(u * progress, n, full[:, None])
         j = np.where(valid, costs.step_ms_grid(buckets[cols], depths) / tokens, np.inf)
         best_by_depth = j.min(axis=1).tolist()  # [D]
-        best_depth, best_j = self.spec.draft_depths[0], math.inf
-        for depth, value in zip(self.spec.draft_depths, best_by_depth):
+        best_depth, best_j = int(depths[0]), math.inf
+        for depth, value in zip(depths.tolist(), best_by_depth):
             if value < best_j * (1.0 - 1e-12):  # ties (to rounding) keep the smaller depth
                 best_depth, best_j = depth, value
         return best_depth, best_j
@@ -179,8 +194,9 @@ class LightSpecPlanner(BasePlanner):
         depths = self.spec.draft_depths
         target = min(2 * best_depth + 1, depths[-1])
         probe = next(d for d in depths if d >= target)
-        full = min(n * (probe + 1), self.spec.max_requests)
-        _, step_ms, tokens = self._objective(costs, n, full, probe)
+        room = self._next_room()
+        full = min(_full_rows(n, probe, room), self.spec.max_requests)
+        _, step_ms, tokens = self._objective(costs, n, full, probe, room)
         # A probe still commits tokens; only what it costs beyond their going price is waste.
         extra = max(0.0, float(step_ms[-1]) - float(tokens[-1]) * best_j)
         affordable = extra <= self.options.explore_fraction * self._spent_since_probe
@@ -190,6 +206,15 @@ class LightSpecPlanner(BasePlanner):
 
     def _record(self, obs: StepObservation, accept: np.ndarray) -> None:
         plan = obs.plan
+        full_width = None if plan.full_rows == 0 else plan.fill_rows >= plan.full_rows
         self.stats.record(num_requests=plan.num_requests, fill_rows=plan.fill_rows,
                           depth=plan.verified_depth, accept_lens=accept,
-                          verify_lens=obs.verify_lens, step=self.steps)
+                          verify_lens=obs.verify_lens, step=self.steps, full_width=full_width)
+
+
+def _full_rows(n: int, depth: int, room: np.ndarray | None) -> int:
+    """Rows of a full-width verify of a depth-`depth` proposal: N target rows and each
+    request's drafts up to its room."""
+    if room is None:
+        return n * (depth + 1)
+    return n + int(np.minimum(room, depth).sum())

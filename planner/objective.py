@@ -77,18 +77,29 @@ def draft_cost_ms(spec: PlannerSpec, draft: CostTable, *, num_requests: int, ver
 
 @dataclass(frozen=True, kw_only=True)
 class StepCosts:
-    """Cost estimates for one plan() call: every bucket priced once at the current context."""
+    """Cost estimates for one plan() call: every bucket priced once at the current context.
+
+    A step's price is its wall time in the serving loop: the device's work (target verify,
+    drafter commit forward, drafting) and the host's (scheduling, planning, reading back,
+    building outputs), which the loop overlaps with the device when `overlap` is on, so the
+    step costs max(device, host) there and device + host without overlap. Host time follows the
+    number of requests, not rows or depth: a host-bound step (host > device) makes extra
+    verify rows and draft depth free, and the planner should take them.
+    """
 
     target_by_bucket: dict[int, float]  # B -> ms of the target verify
     draft_by_bucket: dict[int, float]  # B -> ms of the first draft forward over B rows
     draft_tail: float  # ms of one further depth (autoregressive) or the block (parallel)
     kind: DrafterKind
     stage_by_depth: dict[int, float] | None = None  # d -> measured drafting stage ms, if known
+    host_ms: float = 0.0  # host ms of a step with this many requests (0: not measured)
+    overlap: bool = True  # the loop hides host time under the device's
 
     @classmethod
     def price(cls, spec: PlannerSpec, target: CostTable, draft: CostTable, *,
               num_requests: int, context_len: float | None,
-              depth_costs: CostTable | None = None) -> StepCosts:
+              depth_costs: CostTable | None = None, host_costs: CostTable | None = None,
+              overlap: bool = True) -> StepCosts:
         buckets = spec.verify_buckets
         t = target.estimate_many(buckets, context_len)
         dr = draft.estimate_many(buckets, context_len)
@@ -98,37 +109,53 @@ class StepCosts:
         if depth_costs is not None and not depth_costs.is_empty:
             every = range(1, spec.max_depth + 1)  # a proposal may be capped off the grid
             stage = dict(zip(every, depth_costs.estimate_many(every, context_len).tolist()))
+            stage[0] = 0.0
+        host = 0.0
+        if host_costs is not None and not host_costs.is_empty and num_requests > 0:
+            host = host_costs.estimate(num_requests)
         return cls(target_by_bucket=dict(zip(buckets, t.tolist())),
                    draft_by_bucket=dict(zip(buckets, dr.tolist())),
                    draft_tail=draft.estimate(max(tail_rows, 1), context_len),
-                   kind=spec.drafter_kind, stage_by_depth=stage)
+                   kind=spec.drafter_kind, stage_by_depth=stage, host_ms=host,
+                   overlap=overlap)
 
     def depth_ms(self, depth: int) -> float:
         """The draft run's part after its first forward: the measured stage, (d-1) further
-        forwards (autoregressive) or the block forward (parallel)."""
+        forwards (autoregressive) or the block forward (parallel); nothing at depth 0."""
+        if depth == 0:
+            return 0.0
         if self.stage_by_depth is not None:
             return self.stage_by_depth[depth]
         if self.kind is DrafterKind.PARALLEL:
             return self.draft_tail
         return (depth - 1) * self.draft_tail
 
+    def wall(self, device_ms: np.ndarray) -> np.ndarray:
+        """Loop ms of steps whose device work takes `device_ms` (any shape)."""
+        if self.overlap:
+            return np.maximum(device_ms, self.host_ms)
+        return device_ms + self.host_ms
+
     def step_ms(self, buckets: np.ndarray, depth: int) -> np.ndarray:
-        """Target verify + following draft run for each bucket in `buckets` ([C] -> [C] ms)."""
+        """Wall ms of a verify of each bucket plus the following draft run ([C] -> [C])."""
         t = np.array([self.target_by_bucket[b] + self.draft_by_bucket[b]
                       for b in buckets.tolist()])
-        return t + self.depth_ms(depth)
+        return self.wall(t + self.depth_ms(depth))
 
     def step_ms_grid(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """step_ms for every (depth, bucket) pair: [D] x [C] -> [D, C] ms."""
         t = np.array([self.target_by_bucket[b] + self.draft_by_bucket[b]
                       for b in buckets.tolist()])
         tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])
-        return tail[:, None] + t[None, :]
+        return self.wall(tail[:, None] + t[None, :])
 
 
 def draft_forwards(spec: PlannerSpec, *, num_requests: int, verify_rows: int, depth: int,
                     with_stage: bool) -> list[tuple[str, int, int]]:
-    """The draft run as table cells: [(table, key, forwards)], table "draft" or "depth"."""
+    """The draft run as table cells: [(table, key, forwards)], table "draft" or "depth".
+    At depth 0 (the floor) only the first forward runs: the drafting stage costs nothing."""
+    if depth == 0:
+        return [("draft", verify_rows, 1)]
     if with_stage:
         return [("draft", verify_rows, 1), ("depth", depth, 1)]
     if spec.drafter_kind is DrafterKind.PARALLEL:

@@ -93,8 +93,16 @@ class AcceptanceStats:
     # ---- updates ---------------------------------------------------------------------------
 
     def record(self, *, num_requests: int, fill_rows: int, depth: int, accept_lens: np.ndarray,
-               verify_lens: np.ndarray | None, step: int) -> None:
-        """Fold one executed step into the statistics (callers apply the skip rule first)."""
+               verify_lens: np.ndarray | None, step: int, full_width: bool | None = None
+               ) -> None:
+        """Fold one executed step into the statistics (callers apply the skip rule first).
+
+        full_width: the step verified every row its requests could use (its plan's
+        `full_rows`); default: fill_rows == N (d + 1). At a full-width step the survival
+        learns from the requests whose whole proposal was verified (verify_lens == d + 1): a
+        request whose rows were cut by its remaining allowance is censored, and counting it
+        would bias the deep positions' survival toward the requests that keep going.
+        """
         accept = np.asarray(accept_lens, dtype=np.float64)  # [N]
         key = (int(num_requests), int(fill_rows), int(depth))
         sample = float(accept.sum()) / fill_rows
@@ -108,12 +116,16 @@ class AcceptanceStats:
         entry[0] += alpha * (sample - entry[0])
         entry[1] += 1
         entry[2] = step
-        if fill_rows == num_requests * (depth + 1):
-            j = np.arange(1, depth + 1)
-            survived = (accept[None, :] > j[:, None]).mean(axis=1)  # [d]
-            _update(self.survival, self._survival_weight, slice(1, depth + 1), survived, share,
-                    self.survival_decay)
-            self._filled = None
+        if full_width is None:
+            full_width = fill_rows == num_requests * (depth + 1)
+        if full_width:
+            whole = accept if verify_lens is None else accept[np.asarray(verify_lens) == depth + 1]
+            if whole.size:
+                j = np.arange(1, depth + 1)
+                survived = (whole[None, :] > j[:, None]).mean(axis=1)  # [d]
+                _update(self.survival, self._survival_weight, slice(1, depth + 1), survived,
+                        min(1.0, whole.size / self.sample_floor), self.survival_decay)
+                self._filled = None
             if verify_lens is None:
                 verify_lens = np.full(accept.shape, depth + 1)
         if verify_lens is not None and self.estimator == "interpolate":
@@ -143,31 +155,36 @@ class AcceptanceStats:
         e = self._progress.get((num_requests, fill_rows, depth))
         return None if e is None else (e[0], e[1])
 
-    def progress(self, num_requests: int, fill_rows: int, depth: int, *, now: int) -> float:
-        """Expected committed tokens per verified row at (N, u, d); in (0, 1]."""
-        return float(self.progress_many(num_requests, np.array([fill_rows]), depth, now=now)[0])
+    def progress(self, num_requests: int, fill_rows: int, depth: int, *, now: int,
+                 room: np.ndarray | None = None) -> float:
+        """Expected committed tokens per verified row at (N, u, d); in (0, 1].
+
+        room: [N] draft rows each request can still use (its remaining allowance less the bonus
+        token), or None for no end in sight; the fill never places a row past it."""
+        return float(self.progress_many(num_requests, np.array([fill_rows]), depth, now=now,
+                                        room=room)[0])
 
     def progress_many(self, num_requests: int, fill_rows: np.ndarray, depth: int, *,
-                      now: int) -> np.ndarray:
+                      now: int, room: np.ndarray | None = None) -> np.ndarray:
         """progress() for several u at one (N, d); fill_rows: [C] ints in [N, N(d+1)]."""
         n = int(num_requests)
         u = np.asarray(fill_rows, dtype=np.int64)  # [C]
-        prior = self._prior(n, u, depth)  # [C]
+        prior = self._prior(n, u, depth, room)  # [C]
         out = prior.copy()
         self._blend(out, prior, n, u, int(depth), now)
         return out
 
     def progress_grid(self, num_requests: int, fill_rows: np.ndarray, depths: np.ndarray, *,
-                      now: int) -> np.ndarray:
+                      now: int, room: np.ndarray | None = None) -> np.ndarray:
         """progress_many() for several depths at once: fill_rows [D, C], depths [D] -> [D, C]."""
         n = int(num_requests)
         u = np.asarray(fill_rows, dtype=np.int64)
         depths = np.asarray(depths, dtype=np.int64)
         if self.estimator == "interpolate" and np.isfinite(self.ratio[1:]).any():
-            return np.stack([self.progress_many(n, u[i], int(d), now=now)
+            return np.stack([self.progress_many(n, u[i], int(d), now=now, room=room)
                              for i, d in enumerate(depths.tolist())])
         if self.has_survival:
-            prior = self._survival_fill(n, u, depths[:, None])
+            prior = self._survival_fill(n, u, depths[:, None], room)
         else:
             prior = np.ones(u.shape)
         out = prior.copy()
@@ -196,13 +213,14 @@ class AcceptanceStats:
                 weight *= min(1.0, e[1] / self.blend_samples)
             out[i] = weight * e[0] + (1.0 - weight) * prior[i]
 
-    def _prior(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:
+    def _prior(self, n: int, u: np.ndarray, depth: int, room: np.ndarray | None
+               ) -> np.ndarray:
         """Estimate without an exact-key EMA: survival fill, interpolation, or 1.0."""
         if self.estimator == "interpolate" and np.isfinite(self.ratio[1:]).any():
             return self._interpolated(n, u, depth)
         if not self.has_survival:
             return np.ones(u.shape)
-        return self._survival_fill(n, u, depth)
+        return self._survival_fill(n, u, depth, room)
 
     def _levels(self) -> tuple[np.ndarray, np.ndarray]:
         """(s, S): the survival the fill uses, and S[f] = s[1] + ... + s[f].
@@ -226,18 +244,30 @@ class AcceptanceStats:
             self._filled = (s, np.cumsum(s))
         return self._filled
 
-    def _survival_fill(self, n: int, u: np.ndarray, depth) -> np.ndarray:
+    def _survival_fill(self, n: int, u: np.ndarray, depth, room: np.ndarray | None = None
+                       ) -> np.ndarray:
         """The fill level by level: depth 1 for every request, then depth 2, ...; each row at
-        depth j commits s[j]. In closed form, with r = u - N draft rows: f = r // N full levels
-        (at most d) commit N S[f], and the r - fN rows of level f+1 commit s[f+1] each.
+        depth j commits s[j]. Level j holds c[j] rows, the requests with room for a j-th draft
+        (all N without `room`). With R[f] = c[1] + ... + c[f] rows in the first f levels and
+        r = u - N draft rows to place: the f levels with R[f] <= r (at most d) commit
+        sum_j c[j] s[j], and the r - R[f] rows of level f+1 commit s[f+1] each.
         depth: an int, or an int array broadcasting against u."""
-        s, cum = self._levels()
-        levels = np.minimum(depth, self.max_depth)
-        r = np.maximum(u - n, 0)  # [C] draft rows to place
-        full = np.minimum(r // max(n, 1), levels)  # [C]
-        partial = np.where(full < levels, r - full * n, 0)  # [C]
-        nxt = s[np.minimum(full + 1, self.max_depth)]  # [C] (unused where partial is 0)
-        committed = n + n * cum[full] + partial * nxt
+        s, _ = self._levels()
+        k = self.max_depth
+        if room is None:
+            counts = np.full(k + 1, n, dtype=np.int64)
+        else:  # c[j] = #{i: room_i >= j}
+            counts = np.bincount(np.minimum(np.asarray(room, dtype=np.int64), k),
+                                 minlength=k + 1)[::-1].cumsum()[::-1]
+        counts[0] = 0
+        rows = counts.cumsum()  # [K+1] R[f]
+        gained = (counts * s).cumsum()  # [K+1] tokens of the first f levels
+        levels = np.minimum(depth, k)
+        r = np.minimum(np.maximum(u - n, 0), rows[levels])  # draft rows placed
+        full = np.minimum(np.searchsorted(rows, r, side="right") - 1, levels)
+        partial = r - rows[full]  # [C] rows of level full+1 (0 once every level is full)
+        nxt = s[np.minimum(full + 1, k)]
+        committed = n + gained[full] + partial * nxt
         return committed / np.maximum(u, 1)
 
     def _interpolated(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:

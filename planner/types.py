@@ -52,9 +52,11 @@ class PlannerSpec:
 
     verify_buckets: compiled verify row counts, strictly increasing. The largest bucket bounds the
       number of requests per step: plan() raises ValueError when N exceeds it.
-    draft_depths: depths the drafter may run, each in 1..max_depth. Eagle3 keeps its draft KV
-      current only by drafting at least one token, so depth 0 is not offered. A parallel drafter
-      always drafts its whole block: draft_depths must be (max_depth,).
+    draft_depths: depths the drafter may run, each in 1..max_depth. A parallel drafter always
+      drafts its whole block: draft_depths must be (max_depth,).
+    floor: the engine can also run depth 0, a step that drafts nothing (its next step verifies
+      one row per request) while its drafter stays current (the engine's fused step runs the
+      drafter's commit forward at every depth): the no-speculation floor, priced like any depth.
     block_size: rows per request of one parallel-drafter forward (DFlash block); None for an
       autoregressive drafter. Defaults to max_depth for a parallel drafter.
     """
@@ -64,6 +66,7 @@ class PlannerSpec:
     max_depth: int
     drafter_kind: DrafterKind = DrafterKind.AUTOREGRESSIVE
     block_size: int | None = None
+    floor: bool = False
 
     def __post_init__(self) -> None:
         buckets = tuple(int(b) for b in self.verify_buckets)
@@ -96,6 +99,12 @@ class PlannerSpec:
         object.__setattr__(self, "max_depth", int(self.max_depth))
         object.__setattr__(self, "drafter_kind", kind)
         object.__setattr__(self, "block_size", block)
+        object.__setattr__(self, "floor", bool(self.floor))
+
+    @property
+    def choices(self) -> tuple[int, ...]:
+        """Depths plan() may choose: the draft depths, after 0 when the floor is offered."""
+        return ((0,) if self.floor else ()) + self.draft_depths
 
     @property
     def max_requests(self) -> int:
@@ -130,7 +139,11 @@ class StepPlan:
     draft_depth: int  # d: depth to draft after this verify
     update_stats: bool  # False for mixed steps (M < N) and steps with nothing to learn from
     reason: str  # "empty" | "cold" | "plan" | "probe" | "static" | "capacity"
-    predicted_ms: float = math.nan  # planner's estimate of target + draft ms (NaN if unknown)
+    # Rows a full-width verify of this proposal fills: N + each request's drafts, cut at its
+    # remaining allowance (0: N(d_prev + 1), no ends known).
+    full_rows: int = 0
+    # Planner's estimate of the step's wall ms (device, and host time overlap does not hide).
+    predicted_ms: float = math.nan
     predicted_tokens: float = math.nan  # planner's estimate of committed tokens (NaN if unknown)
 
     @property
@@ -160,7 +173,8 @@ class StepObservation:
     context_len: KV tokens the step attended, summed over the batch's requests. Costs are keyed
       by it because attention reads every request's KV once per step.
     verify_lens: [N] int, rows verified per request including its target row; optional, used
-      by the interpolation estimator and for consistency checks.
+      to keep requests whose proposal was cut at their allowance out of the survival, by the
+      interpolation estimator, and for consistency checks.
     """
 
     plan: StepPlan

@@ -148,10 +148,14 @@ class Engine:
                 p = self.cost_profile
                 tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
             options = {"depth": k} if spec.policy is Policy.STATIC else {}
+            # The fused step runs the drafter's commit forward at every depth, so depth 0 (draft
+            # nothing, keep the drafter current) is a choice: the no-speculation floor.
+            floor = spec.policy is Policy.DYNAMIC and drafter.kind == "autoregressive"
             self.planner = make_planner(
                 spec.policy.value, PlannerSpec(verify_buckets=decode_buckets, draft_depths=depths,
-                                               max_depth=k, drafter_kind=drafter.kind),
-                **tables, **options)
+                                               max_depth=k, drafter_kind=drafter.kind,
+                                               floor=floor),
+                overlap=config.overlap, **tables, **options)
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens)
         self._requests: dict[str, Request] = {}  # live or not yet reported as finished
@@ -322,8 +326,14 @@ class Engine:
         confidences = None
         if self.policy is Policy.DSPARK and self._last_conf is not None:
             confidences = self._last_conf[self.scheduler.decoding]
+        # The host's view of each request's remaining allowance lags the step in flight, which
+        # emits at least one token per request.
+        lag = int(self.config.overlap and self._in_flight is not None
+                  and self._in_flight.readback is not None)
+        remaining = np.maximum(self.scheduler.remaining[self.scheduler.decoding] - lag, 1)
         return self.planner.plan(num_requests=n, num_with_proposal=batch.num_with_proposal,
-                                 confidences=confidences, context_len=batch.context_len)
+                                 confidences=confidences, context_len=batch.context_len,
+                                 remaining=remaining)
 
     def _postprocess(self, flight: _InFlight):
         """Reads a step back (one packed array) and lets the scheduler apply it."""
@@ -374,7 +384,7 @@ class Engine:
                                                update_stats=False)
                 self.planner.observe(StepObservation(
                     plan=seen, accept_lens=np.minimum(accepted, plan.verified_depth) + 1,
-                    context_len=flight.context_len, step_ms=step_ms,
+                    verify_lens=verified + 1, context_len=flight.context_len, step_ms=step_ms,
                     draft_plan=seen if step_ms is not None else None))
                 self._plan_ms += 1e3 * (time.perf_counter() - started)
         return dict(num_requests=len(accepted), verify_rows=plan.verify_rows,
@@ -386,6 +396,10 @@ class Engine:
             event.record, host_ms=host_ms, plan_ms=self._plan_ms))
         self._plan_ms = 0.0
         self.stats.record(event.record)
+        record = event.record
+        if (self.planner is not None and self.config.refresh_costs and record.num_requests
+                and not record.prefill_rows):
+            self.planner.observe_host(num_requests=record.num_requests, host_ms=host_ms)
         if event.record.verify_rows and self.stats.decode_steps % 1024 == 0:
             self._save_refreshed_costs()
         for observer in self._observers:

@@ -64,6 +64,7 @@ class Scheduler:
         self.decoding = np.zeros(n, bool)  # host view of the device's active slots
         self.has_proposal = np.zeros(n, bool)
         self.total_len = np.zeros(n, np.int64)
+        self.remaining = np.zeros(n, np.int64)  # tokens each slot's request may still emit
         # Speculative counters per slot (SpecCounters fields), reset at admission.
         self.counters = np.zeros((4, n), np.int64)  # steps, drafted, verified, accepted
         self.last_live = np.zeros(n, bool)  # slots whose decode tokens the last read applied
@@ -93,6 +94,7 @@ class Scheduler:
             self._writes[slot] = request
             self.decoding[slot] = self.has_proposal[slot] = False
             self.total_len[slot] = request.prompt_len
+            self.remaining[slot] = request.allowance
             self.counters[:, slot] = 0
         # Prompt rows per step; decodes run in their own executable, sized by the planner.
         budget = self.max_rows
@@ -135,6 +137,7 @@ class Scheduler:
                 continue
             request.output_token_ids.append(token)
             self.total_len[request.slot] += 1
+            self.remaining[request.slot] -= 1
             if token in request.stop_ids:
                 self.finish(request, FinishReason.STOP)
             elif (len(request.output_token_ids) >= request.allowance):
@@ -162,6 +165,7 @@ class Scheduler:
         live = self.last_live = np.zeros(self.num_slots, bool)
         live[kept] = True
         self.total_len[live] += emitted[live]
+        self.remaining[live] -= emitted[live]
         self.counters[0, live] += 1
         self.counters[1:, live] += readback[live][:, [c.offered, c.verified, c.accepted]].T
         for request, last in ended:  # after the counters: finishing snapshots them

@@ -84,8 +84,10 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
     """
     n, k = state.draft_tokens.shape
     active = state.active
-    layout = fill(verifier.fill_confidence(state, extra), state.proposal_len, active,
-                  num_rows=num_rows)
+    # A slot emits at most `remaining` tokens, the bonus one included: drafts past
+    # remaining - 1 cannot commit, so the fill never spends a row on them.
+    usable = jnp.minimum(state.proposal_len, jnp.maximum(state.remaining - 1, 0))  # [N]
+    layout = fill(verifier.fill_confidence(state, extra), usable, active, num_rows=num_rows)
     slot = jnp.clip(layout.row_slot, 0, n - 1)  # [B]; padding rows read slot N-1
     offset = layout.row_offset  # [B]
     draft_at = state.draft_tokens[slot, jnp.clip(offset - 1, 0, k - 1)]

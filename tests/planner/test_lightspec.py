@@ -327,3 +327,54 @@ def test_stage_two_searches_every_depth_like_the_per_depth_loop():
             assert got_j == pytest.approx(min(best), rel=1e-12)
             if want is not None:
                 assert got_depth == want
+
+
+def test_floor_costs_no_drafting_stage_and_host_time_hides_under_overlap():
+    from lightspec_jax.planner.objective import StepCosts
+    s = spec(k=3, buckets=(4, 8, 16))
+    target, draft = CostTable({4: 5.0, 8: 9.0, 16: 17.0}), CostTable({4: 0.1, 8: 0.1, 16: 0.1})
+    depth = CostTable({1: 0.5, 2: 1.0, 3: 1.5})
+    for overlap, host, floor_ms in ((True, 2.0, 5.1), (True, 8.0, 8.0), (False, 2.0, 7.1)):
+        costs = StepCosts.price(s, target, draft, num_requests=4, context_len=None,
+                                depth_costs=depth, host_costs=CostTable({4: host}),
+                                overlap=overlap)
+        assert costs.step_ms(np.array([4]), 0)[0] == pytest.approx(floor_ms)
+        device = 5.1 + 1.0  # B = 4, depth 2
+        expect = max(device, host) if overlap else device + host
+        assert costs.step_ms(np.array([4]), 2)[0] == pytest.approx(expect)
+
+
+def test_floor_when_nothing_is_accepted_and_deep_when_host_bound():
+    """Nothing accepted: the floor (draft nothing) is cheapest. The same statistics with a
+    host that takes longer than any device step: rows and depth are free under overlap, and
+    speculation's rare accepted token makes it worth drafting."""
+    s = PlannerSpec(verify_buckets=tuple(range(1, 33)), draft_depths=(1, 2, 3), max_depth=3,
+                    floor=True)
+    target = {b: 1.0 + 0.2 * b for b in range(1, 33)}
+    draft = {b: 0.05 for b in range(1, 33)}
+    for host, expect_floor in ((None, True), (100.0, False)):
+        p = make_planner("dynamic", s, target_costs=CostTable(target),
+                         draft_costs=CostTable(draft), explore_fraction=0.0,
+                         host_costs=None if host is None else CostTable({4: host}))
+        warm(p, n=4)
+        for _ in range(10):
+            plan = p.plan(num_requests=4)
+            accept = np.ones(4, int)
+            if plan.fill_rows > 4:  # request 0's first draft, the rest rejected
+                accept[0] = 2
+            observe(p, plan, accept)
+        plan = p.plan(num_requests=4)
+        assert (plan.draft_depth == 0) is expect_floor, plan
+
+
+def test_request_ends_cap_the_fill_and_the_next_depth():
+    """Requests with 1-2 tokens left: no draft row past the allowance is ever planned."""
+    s = spec(k=4, buckets=tuple(range(1, 33)))
+    p = planner(s, {b: 1.0 for b in range(1, 33)}, {b: 0.01 for b in range(1, 33)})
+    warm(p, n=4)
+    plan = p.plan(num_requests=4, remaining=np.array([1, 2, 50, 50]))
+    # rows: 4 target rows + 0 + 1 + 4 + 4 drafts
+    assert plan.full_rows == 4 + 0 + 1 + 4 + 4 and plan.fill_rows <= plan.full_rows
+    observe(p, plan, [1, 2, 5, 5], verify_lens=np.array([1, 2, 5, 5]))
+    # the censored requests (rows cut at their allowance) teach the survival nothing
+    assert p.stats.survival[4] == pytest.approx(1.0)

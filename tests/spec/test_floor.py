@@ -1,0 +1,79 @@
+"""The no-speculation floor: a step that drafts nothing keeps the drafter current, so
+speculation resumes at full acceptance (the failure of TensorRT-LLM #16888, where a drafter
+skipped for some steps proposes from a stale cache, cannot happen), and output stays lossless."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig
+from lightspec_jax.checkpoint import load_qwen3
+from lightspec_jax.drafters import DraftLMDrafter
+from lightspec_jax.planner import CostTable
+from lightspec_jax.planner.base import BasePlanner
+
+from conftest import BASE
+
+BUCKETS = (4, 8, 16)
+DEPTH = 3
+
+
+class ScriptedPlanner(BasePlanner):
+    """Full width at the depth `script(call)` says: 0 is the floor."""
+
+    def __init__(self, spec, script):
+        super().__init__(spec, refresh_costs=False)
+        self.script = script
+
+    def _plan(self, *, n, m, d_prev, available, confidences):
+        return self._make(n=n, m=m, d_prev=d_prev, fill=available,
+                          depth=self.script(self.steps), reason="static")
+
+
+@pytest.fixture(scope="module")
+def copy_engine(target_dir, tmp_path_factory):
+    """Dynamic K=3 with an exact copy of the target as draft model: every draft is right."""
+    path = tmp_path_factory.mktemp("costs") / "costs.json"
+    path.write_text(json.dumps({"target": CostTable({b: 1.0 + b for b in BUCKETS}).to_json(),
+                                "draft": CostTable({b: 0.1 for b in BUCKETS}).to_json()}))
+    config = EngineConfig(max_num_seqs=4, verify_buckets=BUCKETS,
+                          speculative=SpeculativeConfig(policy="dynamic",
+                                                        num_speculative_tokens=DEPTH),
+                          cost_table_path=str(path), refresh_costs=False, **BASE)
+    engine = Engine(load_qwen3(target_dir), config=config,
+                    drafter=DraftLMDrafter(load_qwen3(target_dir)))
+    assert engine.planner.spec.floor  # the dynamic planner is offered depth 0
+    return engine
+
+
+def run(engine, script, prompts, max_tokens):
+    engine.planner = ScriptedPlanner(engine.planner.spec, script)
+    start = len(engine.stats.steps)
+    outs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return outs, list(engine.stats.steps)[start:]
+
+
+@pytest.mark.parametrize("floor_steps", [1, 6])
+def test_speculation_resumes_at_full_acceptance_after_the_floor(copy_engine, plain_engine,
+                                                                floor_steps):
+    prompts = [[3, 8, 13], [50, 60], [7] * 5, [99, 1, 98]]
+    first = 4  # steps drafting DEPTH, then `floor_steps` drafting nothing, then DEPTH again
+    script = lambda call: 0 if first < call <= first + floor_steps else DEPTH  # noqa: E731
+    outs, steps = run(copy_engine, script, prompts, max_tokens=40)
+    ref = plain_engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]  # lossless throughout
+
+    decode = [s for s in steps if s.num_requests == 4]
+    shape = [(s.index, s.used_rows, s.draft_depth) for s in decode]
+    # The floor ran: steps that drafted nothing, and so verified one row per request next.
+    assert sum(s.draft_depth == 0 for s in decode) == floor_steps, shape
+    bare = [s for prev, s in zip(decode, decode[1:]) if prev.draft_depth == 0]
+    assert len(bare) == floor_steps and all(s.used_rows == s.num_requests for s in bare), shape
+    after = [s for s in decode if s.index > bare[-1].index and s.used_rows > s.num_requests]
+    assert after, shape
+    # A current drafter that copies the target proposes the target's own tokens: every draft
+    # verified after the floor is accepted, as before it.
+    for s in after[:3]:
+        assert s.accepted == s.used_rows - s.num_requests, (s, shape)
+
