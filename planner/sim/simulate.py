@@ -1,7 +1,7 @@
 """Closed-loop serving simulation: any planner, or the oracle, on a synthetic workload.
 
-    python -m lightspec_jax.planner.simulate --all            # the tables in simulate.md
-    python -m lightspec_jax.planner.simulate --profiles chat --concurrency 256 --json out.json
+    python -m lightspec_jax.planner.sim.simulate --all        # the tables in simulate.md
+    python -m lightspec_jax.planner.sim.simulate --profiles chat --concurrency 256 --json out.json
 
 C requests are in flight; a finished request is replaced at once by the next (request rate
 infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrency C`). Each step:
@@ -11,7 +11,7 @@ infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrenc
   plan     planner.plan(step i), THEN planner.observe(step i-1): statistics arrive one step late,
            as with overlapped scheduling (lightspec-algorithm.md §9)
   accept   the workload profile draws, per request and position, whether drafts match and the
-           drafter's confidences (planner/profiles.py)
+           drafter's confidences (planner/synthetic.py)
   fill     the device's choice: the top u - N draft rows by prefix survival of clipped
            confidences (every request keeps its target row), deterministic tie order
   commit   accept_len = min(accepted, verified) + 1, truncated at the request's output length
@@ -37,12 +37,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import make_planner
+from .. import make_planner
+from ..synthetic import PROFILES, AcceptanceModel
+from ..types import PlannerSpec, StepObservation, geometric_buckets
 from .costmodel import RooflineCostModel, TableCostModel, profile_tables
 from .oracle import Oracle
-from .profiles import PROFILES, AcceptanceModel
 from .report import format_report
-from .types import PlannerSpec, StepObservation, geometric_buckets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [run_task(t) for t in tasks]
     wall = time.perf_counter() - start
     cost_name = cost_path or RooflineCostModel(**overrides).name
-    command = "python -m lightspec_jax.planner.simulate " + " ".join(
+    command = "python -m lightspec_jax.planner.sim.simulate " + " ".join(
         argv if argv is not None else sys.argv[1:])
     print(format_report(results, cost_name=cost_name, command=command.strip(), wall_s=wall,
                         jobs=args.jobs))
