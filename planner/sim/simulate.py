@@ -12,8 +12,8 @@ infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrenc
            as with overlapped scheduling (lightspec-algorithm.md §9)
   accept   the workload profile draws, per request and position, whether drafts match and the
            drafter's confidences (planner/synthetic.py)
-  fill     the device's choice: the top u - N draft rows by prefix survival of clipped
-           confidences (every request keeps its target row), deterministic tie order
+  fill     the device's choice (planner/fill.py): the top u - N draft rows by prefix survival
+           of clipped confidences (every request keeps its target row), deterministic tie order
   commit   accept_len = min(accepted, verified) + 1, truncated at the request's output length
   cost     target(bucket) + draft run at the next depth (+ prefill), from the cost model, with
            2% log-normal timing noise; the planner sees these measured times
@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .. import make_planner
+from ..fill import fill_lengths
 from ..synthetic import PROFILES, AcceptanceModel
 from ..types import PlannerSpec, StepObservation, geometric_buckets
 from .costmodel import RooflineCostModel, TableCostModel, profile_tables
@@ -266,22 +267,10 @@ def requests_for(config: SimConfig) -> tuple[np.ndarray, ...]:
 
 
 def _fill(conf: np.ndarray, has_proposal: np.ndarray, depth: int, budget: int) -> np.ndarray:
-    """Device fill: verified drafts per request [N], the top `budget` draft rows by prefix
-    survival cumprod(clip(c, 0.01, 0.99)) among requests with a proposal of `depth`.
-
-    Survival strictly decreases along a request, so the top rows always form prefixes. Ties
-    across requests break by request order, then position (a stable sort), deterministically.
-    """
-    n = conf.shape[0]
-    verified = np.zeros(n, dtype=np.int64)
-    if depth == 0 or budget <= 0:
-        return verified
-    survival = np.cumprod(np.clip(conf[:, :depth], 0.01, 0.99), axis=1)  # [N, d]
-    survival[~has_proposal] = -1.0  # no draft rows to verify there
-    order = np.argsort(-survival.ravel(), kind="stable")[:budget]
-    order = order[survival.ravel()[order] > 0]
-    np.add.at(verified, order // depth, 1)
-    return verified
+    """Device fill: verified drafts per request [N] when `budget` draft rows go to requests
+    with a proposal of `depth` (the rule in planner/fill.py)."""
+    proposal_len = np.where(has_proposal, depth, 0)  # [N]
+    return fill_lengths(conf[:, :depth], proposal_len, budget)
 
 
 def default_requests(concurrency: int) -> int:
