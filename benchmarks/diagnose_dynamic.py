@@ -9,7 +9,7 @@ acceptance, greedy, and reports, per concurrency:
   a request tells how many drafts of each verified proposal the target would have accepted had
   all of them been verified (A_full). From that: what the actual fill accepted, what a static
   K=3 fill (every request, 3 drafts) would have accepted, what the survival-ranked fill
-  (`pallas_kernels.fill_reference`, the device rule) would accept with K=3's row budget, and
+  (`planner/fill.py`, the device's rule) would accept with K=3's row budget, and
   the oracle (rows spent only on drafts that will be accepted);
 * calibration of the drafter's confidences: P(draft j accepted | prefix accepted) against the
   conditional confidence c_j, and P(prefix of j accepted) against the survival prod c_1..c_j;
@@ -54,6 +54,8 @@ import sys
 import time
 
 import numpy as np
+
+from lightspec_jax.planner.fill import clamp_confidence, fill_lengths, survival_scores
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "lightspec_jax", "assets", "tiny-pair")
@@ -239,13 +241,8 @@ def snapshot_consistent(step, outputs: dict) -> bool:
 
 
 def survival_fill(conf: np.ndarray, plen: np.ndarray, rows: int) -> np.ndarray:
-    """Drafts per request the device fill verifies with `rows` rows (the reference kernel)."""
-    from lightspec_jax.pallas_kernels import fill_reference
-
-    n = len(plen)
-    result = fill_reference(conf, plen.astype(np.int32), np.ones(n, bool),
-                            num_rows=max(int(rows), 1))
-    return np.asarray(result.lengths)
+    """Drafts per request the device fill verifies with `rows` rows, target rows included."""
+    return fill_lengths(conf, plen, int(rows) - len(plen))
 
 
 def oracle_fill(a_full: np.ndarray, rows: int) -> float:
@@ -291,13 +288,13 @@ def analyse(recorder: Recorder, outputs: dict, k_static: int = 3) -> dict:
             oracle_at_fill=oracle_fill(af, plan.fill_rows),
             same_fill_rows=bool((step["verified"] == survival_fill(
                 step["conf"], step["plen"], plan.fill_rows)).all())))
+        clamped = clamp_confidence(step["conf"])  # [N, K]
+        survival = survival_scores(step["conf"], step["plen"])  # [N, K]
         for i in range(n):
             if a_full[i] < 0:
                 continue
-            s = 1.0
             for j in range(int(step["plen"][i])):
-                c = float(np.clip(step["conf"][i, j], 0.01, 0.99))
-                s *= c
+                c, s = float(clamped[i, j]), float(survival[i, j])
                 ok = a_full[i] > j
                 if a_full[i] >= j:  # prefix accepted: conditional sample for position j+1
                     b = min(int(c * 10), 9)

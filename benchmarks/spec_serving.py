@@ -3,8 +3,9 @@
 One run, side by side, per concurrency c: the same requests (random prompts, fixed output
 length, EOS ignored) through engines that differ only in policy. The pair is random-weight -
 a Qwen3 target (hidden 256, 8 layers, 4/2 heads, head_dim 64, intermediate 768, vocab 8192)
-and an Eagle3 drafter for it - so acceptance is SYNTHETIC: drawn from the simulator's workload
-profile (--profile, default chat) instead of exact match; every device cost is real.
+and an Eagle3 drafter for it - so acceptance is SYNTHETIC: drawn from a calibrated workload
+profile (planner/synthetic.py; --profile, default chat) instead of exact match; every device
+cost is real.
 
 Also measured: the host overhead per speculative step and how much of it the overlapped loop
 hides (dynamic run again with overlap off; bare device time from the start-up bucket sweep),

@@ -69,7 +69,7 @@ class EngineConfig:
     # and streaming overlap device work); False reads every step before the next dispatch.
     overlap: bool = True
     # Benchmarks only: draw verification outcomes and draft confidences from a workload profile
-    # ("chat", "code", "math"; see planner/profiles.py) instead of exact match, for untrained or
+    # ("chat", "code", "math"; see planner/synthetic.py) instead of exact match, for untrained or
     # random-weight models. Device costs stay real; emitted tokens are NOT the target's.
     synthetic_acceptance: str | None = None
     # Persistent XLA compilation cache (None disables it); a second start is then fast.

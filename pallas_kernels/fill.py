@@ -11,6 +11,10 @@ slot, so each slot's selection is a prefix and ``lengths = selected - 1``. Ties 
 to the lower flat index i*(K+1)+j, so the selection is deterministic. A prefix sum then packs the
 rows, ordered by (slot, offset), into a flat [B] layout with no host sync.
 
+This is the device form of a rule stated once, in numpy, in planner/fill.py (which the
+simulator, the DSpark-style planner and the diagnostics call on the host);
+tests/pallas_kernels/test_fill.py checks `fill_reference` and the kernel against it.
+
 Axis legend: N slots, K max draft depth (K+1 <= 16), B verify rows.
 """
 

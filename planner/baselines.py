@@ -8,6 +8,7 @@ import numpy as np
 
 from .base import BasePlanner
 from .costs import CostTable
+from .fill import survival_scores
 from .objective import StepCosts, candidate_rows, first_best
 from .types import PlannerSpec, StepPlan
 
@@ -79,9 +80,9 @@ class DSparkPlanner(BasePlanner):
             raise ValueError(f"confidences must be a [N, depth] array, got shape {conf.shape}")
         conf = conf[:, :d_prev]  # [N', d_prev]
         # NaN or <= 0 marks a missing draft token; a missing token ends that request's prefix.
-        present = np.cumprod(np.nan_to_num(conf, nan=0.0) > 0.0, axis=1).astype(bool)
-        survival = np.cumprod(np.clip(np.nan_to_num(conf, nan=0.0), 0.01, 0.99), axis=1)
-        scores = np.sort(survival[present])[::-1]  # [S] descending
+        proposal_len = np.cumprod(np.nan_to_num(conf, nan=0.0) > 0.0, axis=1).sum(axis=1)
+        survival = survival_scores(conf, proposal_len)  # [N', d_prev]
+        scores = np.sort(survival[np.isfinite(survival)])[::-1]  # [S] descending
         gains = np.concatenate([[0.0], np.cumsum(scores)])  # [S+1] tokens from top-k rows
         limit = min(available, n + scores.size)
         u, buckets = candidate_rows(self.spec, n, limit)

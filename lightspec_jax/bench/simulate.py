@@ -1,7 +1,7 @@
 """`lightspec-bench simulate`: the planner's closed-loop simulator under the bench's policy names.
 
-The simulator (lightspec_jax.planner.simulate) keys its policies as static-3, dspark-11, ...;
-here they are spelled as `serve` spells them (static:3, dynamic:11, dspark:7, plus oracle:11
+The simulator (lightspec_jax.planner.sim.simulate) keys its policies as static-3, dspark-11,
+...; here they are spelled as `serve` spells them (static:3, dynamic:11, dspark:7, plus oracle:11
 and the named ablations), mapped onto the simulator's keys, and printed back the same way.
 """
 
@@ -20,7 +20,7 @@ _KINDS = ("static", "dynamic", "dspark", "oracle")
 
 def simulator_names() -> dict[str, str]:
     """Bench name -> the simulator's policy key, for every policy the simulator defines."""
-    from lightspec_jax.planner.simulate import POLICIES
+    from lightspec_jax.planner.sim.simulate import POLICIES
 
     out = {}
     for key, policy in POLICIES.items():
@@ -33,7 +33,7 @@ def simulator_names() -> dict[str, str]:
 def resolve(text: str) -> str:
     """A policy as typed (static:3, static-3, dynamic, oracle, dynamic-no-refresh) -> the
     simulator's key; raises ArgumentTypeError naming what the simulator has."""
-    from lightspec_jax.planner.simulate import POLICIES
+    from lightspec_jax.planner.sim.simulate import POLICIES
 
     names = simulator_names()
     if text in names:
@@ -68,8 +68,8 @@ def _available(names: dict[str, str]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The simulator's options (defaults from its module, so the two CLIs cannot drift)."""
-    from lightspec_jax.planner.profiles import PROFILES
-    from lightspec_jax.planner.simulate import CONCURRENCIES, MAIN_POLICIES, add_run_arguments
+    from lightspec_jax.planner.sim.simulate import CONCURRENCIES, MAIN_POLICIES, add_run_arguments
+    from lightspec_jax.planner.synthetic import PROFILES
 
     p.add_argument("--profiles", nargs="+", default=["chat"], choices=sorted(PROFILES),
                    metavar="PROFILE",
@@ -93,11 +93,11 @@ def _policy_arg(text: str) -> str:
 
 
 def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
-    from lightspec_jax.planner.costmodel import RooflineCostModel, TableCostModel
-    from lightspec_jax.planner.profiles import PROFILES
-    from lightspec_jax.planner.report import format_report
-    from lightspec_jax.planner.simulate import (ABLATION_POLICIES, MAIN_POLICIES, SimConfig,
-                                                default_requests, run_task)
+    from lightspec_jax.planner.sim.costmodel import RooflineCostModel, TableCostModel
+    from lightspec_jax.planner.sim.report import format_report
+    from lightspec_jax.planner.sim.simulate import (ABLATION_POLICIES, MAIN_POLICIES, SimConfig,
+                                                    default_requests, run_task)
+    from lightspec_jax.planner.synthetic import PROFILES
 
     overrides = {k: v for k, v in (("target_overhead_ms", args.target_overhead_ms),
                                    ("draft_overhead_ms", args.draft_overhead_ms)) if v is not None}

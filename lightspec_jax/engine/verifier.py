@@ -42,11 +42,11 @@ class ExactMatch:
 
 
 class SyntheticAcceptance(ExactMatch):
-    """Acceptance drawn from a workload profile (planner/profiles.py): a per-request quality
+    """Acceptance drawn from a workload profile (planner/synthetic.py): a per-request quality
     fixed at admission and a drifting difficulty, as in the simulator; vectorised over slots."""
 
     def __init__(self, profile: str, *, num_slots: int, max_depth: int, seed: int):
-        from lightspec_jax.planner.profiles import AcceptanceModel
+        from lightspec_jax.planner.synthetic import AcceptanceModel
 
         self.name = profile
         self.model = AcceptanceModel.calibrated(profile)

@@ -1,4 +1,5 @@
-"""Input generators and numpy brute-force models shared by the kernel tests.
+"""Input generators and numpy models shared by the kernel tests; the fill's model is the host
+rule itself, planner/fill.py.
 
 Exposed as session fixtures returning plain functions, so hypothesis tests can use them too.
 Axis legend: N slots, K max draft depth, B verify rows, S stop ids.
@@ -15,6 +16,8 @@ import os
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
+
+from lightspec_jax.planner.fill import fill_lengths
 
 ON_DEVICE = os.environ.get("LIGHTSPEC_KERNELS_ON_DEVICE", "") == "1"
 
@@ -85,21 +88,18 @@ def make_fill_inputs(rng: np.random.Generator, n: int, k: int, num_rows: int, re
     return conf.astype(np.float32), proposal_len, active
 
 
-def brute_force_kept(conf, proposal_len, active, num_rows) -> set[tuple[int, int]]:
-    """The (slot, offset) pairs a global top-B by survival keeps, sorted one by one in numpy."""
-    n, k = conf.shape
-    clamped = np.clip(np.where(np.isnan(conf), 0.0, conf), 0.01, 0.99).astype(np.float32)
-    candidates = []  # (score, flat index, slot, offset)
-    for i in range(n):
-        if not active[i]:
-            continue
-        candidates.append((np.inf, i * (k + 1), i, 0))
-        survival = np.float32(1.0)
-        for j in range(1, int(np.clip(proposal_len[i], 0, k)) + 1):
-            survival = np.float32(survival * clamped[i, j - 1])
-            candidates.append((float(survival), i * (k + 1) + j, i, j))
-    candidates.sort(key=lambda c: (-c[0], c[1]))
-    return {(i, j) for _, _, i, j in candidates[:num_rows]}
+def rule_lengths(conf, proposal_len, active, num_rows) -> np.ndarray:
+    """Drafts per slot [N] by the host rule, given the device fill's arguments: inactive slots
+    propose nothing, and every active slot's target row comes out of the B rows first."""
+    proposal_len = np.where(active, proposal_len, 0)
+    return fill_lengths(conf, proposal_len, num_rows - int(np.sum(active)))
+
+
+def rule_kept(conf, proposal_len, active, num_rows) -> set[tuple[int, int]]:
+    """The (slot, offset) pairs the host rule keeps: each active slot's target row (offset 0)
+    and its verified drafts."""
+    lengths = rule_lengths(conf, proposal_len, active, num_rows)
+    return {(int(i), j) for i in np.flatnonzero(active) for j in range(lengths[i] + 1)}
 
 
 def make_fill_result(rng, n, k, num_rows, regime="uniform"):
@@ -130,8 +130,13 @@ def fill_inputs():
 
 
 @pytest.fixture(scope="session")
-def kept_by_brute_force():
-    return brute_force_kept
+def fill_by_rule():
+    return rule_lengths
+
+
+@pytest.fixture(scope="session")
+def kept_by_rule():
+    return rule_kept
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""fill: kernel (interpret mode) == reference, and the reference against its invariants.
+"""fill: kernel (interpret mode) == reference == the host rule (planner/fill.py), and the
+reference against its invariants.
 
 Axis legend: N slots, K max draft depth, B verify rows.
 """
@@ -55,6 +56,45 @@ def test_kernel_matches_reference_when_budget_exceeds_candidates(fill_inputs):
     assert_fill_equal(got, fill_reference(*args, num_rows=20))
 
 
+# The sweep, plus budgets beyond every candidate row (B > N(K+1)).
+RULE_CASES = SWEEP + [(3, 7, 30), (8, 3, 40), (32, 1, 70)]
+
+
+@pytest.mark.parametrize("n,k,num_rows", RULE_CASES)
+def test_reference_follows_the_host_rule(n, k, num_rows, fill_inputs, fill_by_rule):
+    # The regimes bring ties, NaN confidences, proposal_len 0 (and outside [0, K]) and
+    # inactive slots.
+    rng = np.random.default_rng(100 * n + k + num_rows)
+    for regime in REGIMES:
+        conf, plen, active = fill_inputs(rng, n, k, num_rows, regime)
+        got = fill_reference(conf, plen, active, num_rows=num_rows)
+        np.testing.assert_array_equal(got.slot_valid, active, err_msg=regime)
+        np.testing.assert_array_equal(got.lengths, fill_by_rule(conf, plen, active, num_rows),
+                                      err_msg=regime)
+
+
+@pytest.mark.parametrize("n,k,num_rows", [(3, 7, 13), (8, 3, 40)])
+def test_kernel_follows_the_host_rule(n, k, num_rows, fill_inputs, fill_by_rule):
+    rng = np.random.default_rng(100 * n + k + num_rows)
+    for regime in REGIMES:
+        args = fill_inputs(rng, n, k, num_rows, regime)
+        got = fill(*args, num_rows=num_rows, impl="pallas", interpret=True)
+        np.testing.assert_array_equal(got.lengths, fill_by_rule(*args, num_rows), err_msg=regime)
+
+
+def test_reference_follows_the_host_rule_at_every_budget(fill_by_rule):
+    # NaN (ranks as 0.01), a tie across slots 0 and 1 at 0.5, a slot with no proposal, an
+    # inactive slot; budgets from the target rows alone to past every draft.
+    conf = np.array([[0.5, np.nan, 0.9], [0.5, 0.5, 0.5], [0.99, 0.99, 0.99], [0.8, 0.8, 0.8]],
+                    np.float32)
+    plen = np.array([3, 3, 0, 3], np.int32)
+    active = np.array([True, True, True, False])
+    for num_rows in range(3, 12):
+        got = fill_reference(conf, plen, active, num_rows=num_rows)
+        np.testing.assert_array_equal(got.lengths, fill_by_rule(conf, plen, active, num_rows),
+                                      err_msg=f"B={num_rows}")
+
+
 def test_budget_below_active_slots_keeps_first_target_rows():
     # Precondition violated (B < active slots): the first B active slots get only their target
     # row; the others get no row at all.
@@ -87,7 +127,7 @@ def test_clamp_keeps_survival_decreasing():
     np.testing.assert_array_equal(got.lengths, [2, 1])
 
 
-def check_invariants(result: FillResult, conf, proposal_len, active, num_rows, kept_by_brute_force):
+def check_invariants(result: FillResult, conf, proposal_len, active, num_rows, kept_by_rule):
     n, k = conf.shape
     r = FillResult(*(np.asarray(x) for x in result))
     plen = np.clip(proposal_len, 0, k)
@@ -113,7 +153,7 @@ def check_invariants(result: FillResult, conf, proposal_len, active, num_rows, k
 
     # Selection: exactly the global top-B by survival, ties to the lower flat index.
     kept = {(int(s), int(o)) for s, o in zip(r.row_slot[r.row_valid], r.row_offset[r.row_valid])}
-    assert kept == kept_by_brute_force(conf, proposal_len, active, num_rows)
+    assert kept == kept_by_rule(conf, proposal_len, active, num_rows)
 
 
 @st.composite
@@ -136,19 +176,19 @@ def fill_case(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=fill_case())
-def test_reference_invariants(case, kept_by_brute_force):
+def test_reference_invariants(case, kept_by_rule):
     conf, plen, active, num_rows = case
     result = fill(conf, plen, active, num_rows=num_rows, impl="reference")
-    check_invariants(result, conf, plen, active, num_rows, kept_by_brute_force)
+    check_invariants(result, conf, plen, active, num_rows, kept_by_rule)
 
 
 @pytest.mark.parametrize("n,k,num_rows", [(3, 7, 13), (32, 15, 512)])
-def test_reference_invariants_on_sweep_inputs(n, k, num_rows, fill_inputs, kept_by_brute_force):
+def test_reference_invariants_on_sweep_inputs(n, k, num_rows, fill_inputs, kept_by_rule):
     rng = np.random.default_rng(3)
     for regime in REGIMES:
         args = fill_inputs(rng, n, k, num_rows, regime)
         result = fill(*args, num_rows=num_rows, impl="reference")
-        check_invariants(result, *args, num_rows, kept_by_brute_force)
+        check_invariants(result, *args, num_rows, kept_by_rule)
 
 
 def test_shape_errors_name_the_shapes():

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from lightspec_jax.planner.profiles import PROFILES, AcceptanceModel
-from lightspec_jax.planner.simulate import SimConfig, run
+from lightspec_jax.planner.synthetic import PROFILES, AcceptanceModel
+from lightspec_jax.planner.sim.simulate import SimConfig, run
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))

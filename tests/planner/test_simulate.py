@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from lightspec_jax.planner import simulate
-from lightspec_jax.planner.costmodel import RooflineCostModel, TableCostModel, profile_tables
-from lightspec_jax.planner.simulate import SimConfig, _fill, run
+from lightspec_jax.planner.sim import simulate
+from lightspec_jax.planner.sim.costmodel import RooflineCostModel, TableCostModel, profile_tables
+from lightspec_jax.planner.sim.simulate import SimConfig, _fill, run
 
 
 def test_fill_takes_the_most_confident_prefixes():

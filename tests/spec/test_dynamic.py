@@ -81,7 +81,7 @@ def test_cpu_verify_cost_rises_with_budget(spec_engines):
 def test_synthetic_acceptance_follows_the_profile(target_dir):
     """Synthetic mode draws acceptance from a calibrated profile: at static K=3 the measured
     acceptance length approaches the profile's own expectation, and results say so."""
-    from lightspec_jax.planner.profiles import AcceptanceModel
+    from lightspec_jax.planner.synthetic import AcceptanceModel
 
     config = EngineConfig(max_num_seqs=8, verify_buckets=(8, 16, 32),
                           speculative=SpeculativeConfig(policy="static", num_speculative_tokens=3),

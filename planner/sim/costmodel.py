@@ -24,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from .costs import CostTable
+from ..costs import CostTable
 
 _BYTES = 2  # bf16
 

@@ -1,4 +1,9 @@
-"""Synthetic workloads for the simulator: request lengths, per-position acceptance, confidences.
+"""Synthetic workloads: request lengths, per-position acceptance, drafter confidences.
+
+Not part of the runtime planner. Two benchmark tools draw from it: the simulator (planner/sim)
+and the engine's SyntheticAcceptance verifier (lightspec_jax/engine/verifier.py), which gives
+benchmarks of untrained models realistic acceptance. It sits beside the simulator, not inside
+it, so that serving code never imports the simulator.
 
 Acceptance model (logit space). Request r at step t proposes draft position j = 1..K with
 conditional acceptance probability sigmoid(l), l = m_r + z_{r,t} + beta_j + sigma_tok * eps:

@@ -1,7 +1,7 @@
 """Closed-loop serving simulation: any planner, or the oracle, on a synthetic workload.
 
-    python -m lightspec_jax.planner.simulate --all            # the tables in simulate.md
-    python -m lightspec_jax.planner.simulate --profiles chat --concurrency 256 --json out.json
+    python -m lightspec_jax.planner.sim.simulate --all        # the tables in simulate.md
+    python -m lightspec_jax.planner.sim.simulate --profiles chat --concurrency 256 --json out.json
 
 C requests are in flight; a finished request is replaced at once by the next (request rate
 infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrency C`). Each step:
@@ -11,9 +11,9 @@ infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrenc
   plan     planner.plan(step i), THEN planner.observe(step i-1): statistics arrive one step late,
            as with overlapped scheduling (lightspec-algorithm.md §9)
   accept   the workload profile draws, per request and position, whether drafts match and the
-           drafter's confidences (planner/profiles.py)
-  fill     the device's choice: the top u - N draft rows by prefix survival of clipped
-           confidences (every request keeps its target row), deterministic tie order
+           drafter's confidences (planner/synthetic.py)
+  fill     the device's choice (planner/fill.py): the top u - N draft rows by prefix survival
+           of clipped confidences (every request keeps its target row), deterministic tie order
   commit   accept_len = min(accepted, verified) + 1, truncated at the request's output length
   cost     target(bucket) + draft run at the next depth (+ prefill), from the cost model, with
            2% log-normal timing noise; the planner sees these measured times
@@ -37,12 +37,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import make_planner
+from .. import make_planner
+from ..fill import fill_lengths
+from ..synthetic import PROFILES, AcceptanceModel
+from ..types import PlannerSpec, StepObservation, geometric_buckets
 from .costmodel import RooflineCostModel, TableCostModel, profile_tables
 from .oracle import Oracle
-from .profiles import PROFILES, AcceptanceModel
 from .report import format_report
-from .types import PlannerSpec, StepObservation, geometric_buckets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,22 +267,10 @@ def requests_for(config: SimConfig) -> tuple[np.ndarray, ...]:
 
 
 def _fill(conf: np.ndarray, has_proposal: np.ndarray, depth: int, budget: int) -> np.ndarray:
-    """Device fill: verified drafts per request [N], the top `budget` draft rows by prefix
-    survival cumprod(clip(c, 0.01, 0.99)) among requests with a proposal of `depth`.
-
-    Survival strictly decreases along a request, so the top rows always form prefixes. Ties
-    across requests break by request order, then position (a stable sort), deterministically.
-    """
-    n = conf.shape[0]
-    verified = np.zeros(n, dtype=np.int64)
-    if depth == 0 or budget <= 0:
-        return verified
-    survival = np.cumprod(np.clip(conf[:, :depth], 0.01, 0.99), axis=1)  # [N, d]
-    survival[~has_proposal] = -1.0  # no draft rows to verify there
-    order = np.argsort(-survival.ravel(), kind="stable")[:budget]
-    order = order[survival.ravel()[order] > 0]
-    np.add.at(verified, order // depth, 1)
-    return verified
+    """Device fill: verified drafts per request [N] when `budget` draft rows go to requests
+    with a proposal of `depth` (the rule in planner/fill.py)."""
+    proposal_len = np.where(has_proposal, depth, 0)  # [N]
+    return fill_lengths(conf[:, :depth], proposal_len, budget)
 
 
 def default_requests(concurrency: int) -> int:
@@ -385,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [run_task(t) for t in tasks]
     wall = time.perf_counter() - start
     cost_name = cost_path or RooflineCostModel(**overrides).name
-    command = "python -m lightspec_jax.planner.simulate " + " ".join(
+    command = "python -m lightspec_jax.planner.sim.simulate " + " ".join(
         argv if argv is not None else sys.argv[1:])
     print(format_report(results, cost_name=cost_name, command=command.strip(), wall_s=wall,
                         jobs=args.jobs))

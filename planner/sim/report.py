@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..synthetic import AcceptanceModel
 from .costmodel import RooflineCostModel
-from .profiles import AcceptanceModel
 
 _MAIN = ("static-3", "static-11", "dynamic", "dspark", "oracle")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .types import PlannerSpec
+from ..types import PlannerSpec
 
 
 class Oracle:
