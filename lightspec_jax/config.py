@@ -166,3 +166,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def acceptance_class(self) -> int:
+        """Requests that draft-accept alike share a class, for the planner's statistics: 0 is
+        greedy, 1-8 are temperature bands 0.25 wide (the last holds T >= 1.75)."""
+        if self.greedy or self.top_k == 1:  # top-1 sampling draws the argmax
+            return 0
+        return 1 + min(int(self.temperature / 0.25), 7)

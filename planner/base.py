@@ -57,6 +57,7 @@ class BasePlanner:
         self.reprice_every = int(reprice_every)
         self._priced: tuple | None = None  # (key, StepCosts, context, plan call) of the last
         self._room: np.ndarray | None = None  # [N] draft rows each request may still use
+        self._classes: np.ndarray | None = None  # [N] sampling classes of the planned batch
         self.steps = 0  # plan() calls so far
         self._depth = 0  # depth of the proposal the next step verifies (0: none yet)
         self._context: float | None = None  # last batch context seen
@@ -68,8 +69,8 @@ class BasePlanner:
 
     def plan(self, *, num_requests: int, num_with_proposal: int | None = None,
              confidences: np.ndarray | None = None, context_len: float | None = None,
-             proposal_depth: int | None = None, remaining: np.ndarray | None = None
-             ) -> StepPlan:
+             proposal_depth: int | None = None, remaining: np.ndarray | None = None,
+             sampling_classes: np.ndarray | None = None) -> StepPlan:
         """Choose this step's verify bucket and the next draft depth.
 
         num_requests: N, requests in the step (0 <= N <= largest verify bucket).
@@ -83,6 +84,8 @@ class BasePlanner:
         remaining: [N] tokens each request may still emit this step onward (>= 1), if known.
           A request commits at most that many, so the fill has no use for its drafts beyond
           remaining - 1, and the next proposal none beyond remaining - 2.
+        sampling_classes: [N] small ints, requests that sample alike (greedy, a temperature
+          band) share a class; statistics are kept per class (stats.AcceptanceStats).
         """
         n = _as_count("num_requests", num_requests)
         m = n if num_with_proposal is None else _as_count("num_with_proposal", num_with_proposal)
@@ -101,6 +104,10 @@ class BasePlanner:
             if not math.isfinite(context_len) or context_len < 0:
                 raise ValueError(f"context_len must be finite and >= 0, got {context_len}")
             self._context = float(context_len)
+        if sampling_classes is not None and np.shape(sampling_classes) != (n,):
+            raise ValueError(f"sampling_classes must be [N] = ({n},), got shape "
+                             f"{np.shape(sampling_classes)}")
+        self._classes = sampling_classes
         self._room = None
         if remaining is not None:
             rem = np.asarray(remaining)
@@ -186,6 +193,13 @@ class BasePlanner:
             if obs.draft_ms is not None and draft_parts:
                 measured.append((draft_parts, obs.draft_ms))
         for parts, ms in measured:
+            if not any(tables[name].is_empty for name, _, _ in parts):
+                # One sample moves its cells at most 2x toward itself: a step timed through a
+                # preemption on a shared machine would otherwise set a cell several-fold off,
+                # and the imputed cells around it with it. A real change still gets there, a
+                # factor 2 per sample, at the EMA's pace.
+                expected = sum(tables[name].estimate(key, context) * n for name, key, n in parts)
+                ms = min(max(ms, 0.5 * expected), 2.0 * expected)
             for name, key, per_forward in split_measured_ms(
                     self.spec, tables, measured_ms=ms, parts=parts, context_len=context):
                 tables[name].update(key, per_forward, context)

@@ -48,6 +48,7 @@ class LightSpecOptions:
     min_probe_interval: int = 16  # steps between probes, at least
     refresh_costs: bool = True  # EMA-refresh cost tables from measured times
     reprice_every: int = 8  # plan() calls that may reuse one pricing (BasePlanner)
+    floor_margin: float = 0.02  # the floor must beat the best depth >= 1 by this share
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -88,6 +89,7 @@ class LightSpecPlanner(BasePlanner):
 
     def _plan(self, *, n: int, m: int, d_prev: int, available: int,
               confidences: np.ndarray | None) -> StepPlan:
+        self.stats.set_batch(self._classes)
         if not (self.has_costs and self.stats.has_progress):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
                               depth=self._cold_depth(), reason="cold")
@@ -183,6 +185,14 @@ class LightSpecPlanner(BasePlanner):
         for depth, value in zip(depths.tolist(), best_by_depth):
             if value < best_j * (1.0 - 1e-12):  # ties (to rounding) keep the smaller depth
                 best_depth, best_j = depth, value
+        if depths[0] == 0 and best_depth > 0:
+            return best_depth, best_j
+        if depths[0] == 0 and len(depths) > 1:
+            # The floor also forfeits the next step's proposal (and what it would teach):
+            # take it only when it is clearly cheaper than the best speculative choice.
+            spec_depth = 1 + int(np.argmin(best_by_depth[1:]))
+            if best_by_depth[0] >= (1.0 - self.options.floor_margin) * best_by_depth[spec_depth]:
+                return int(depths[spec_depth]), best_by_depth[spec_depth]
         return best_depth, best_j
 
     def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
@@ -209,7 +219,8 @@ class LightSpecPlanner(BasePlanner):
         full_width = None if plan.full_rows == 0 else plan.fill_rows >= plan.full_rows
         self.stats.record(num_requests=plan.num_requests, fill_rows=plan.fill_rows,
                           depth=plan.verified_depth, accept_lens=accept,
-                          verify_lens=obs.verify_lens, step=self.steps, full_width=full_width)
+                          verify_lens=obs.verify_lens, step=self.steps, full_width=full_width,
+                          classes=obs.sampling_classes)
 
 
 def _full_rows(n: int, depth: int, room: np.ndarray | None) -> int:

@@ -36,6 +36,13 @@ Additions of ours:
 * staleness: an EMA entry's weight halves every `half_life` steps since its last update and the
   remainder goes to the fill estimate, which exploration probes keep current. Without this a key
   measured long ago, when acceptance was different, would outvote fresh survival data forever.
+* sampling classes: acceptance depends on how a request samples (greedy vs a temperature;
+  vLLM #57533), so a workload whose mix of greedy and sampled requests shifts would drag one
+  shared estimate around. Requests carry a class (the engine's: greedy, or a temperature band);
+  the survival is kept per class as well as pooled, the fill of a batch uses its classes'
+  curves weighted by their share of its requests (the pooled curve for a class not yet
+  measured), and exact-key EMAs are keyed by the batch's class too (-1: a mixed batch).
+  set_batch() tells the statistics which batch the next estimates are for;
 * estimator="interpolate" (ablation, after LightLLM's first commit b1623cad3, §10): per-length
   ratios r[l] = E[min(accepted, l)] / l from every eligible step, interpolated linearly in
   fractional draft rows per request s = u/N - 1, blended with the EMA by sample count
@@ -84,6 +91,11 @@ class AcceptanceStats:
         # (N, d) -> {u: the same entry}: plan() asks for every u at one (N, d)
         self._by_nd: dict[tuple[int, int], dict[int, list]] = {}
         self._filled: tuple[np.ndarray, np.ndarray] | None = None  # survival cache, see _levels
+        # sampling class -> [survival [K+1], weight [K+1]]; the pooled curve is self.survival
+        self._by_class: dict[int, list[np.ndarray]] = {}
+        self._class_fits: dict[int, np.ndarray] = {}  # class -> its fitted curve (cache)
+        self._batch_key = 0  # the planned batch's class, -1 if mixed (set_batch)
+        self._batch_mix: tuple[np.ndarray, np.ndarray] | None = None  # (classes, shares)
         # index j (1..K) used; NaN = never measured. survival[j] = P(accept_len > j)
         self.survival = np.full(self.max_depth + 1, np.nan)
         self.ratio = np.full(self.max_depth + 1, np.nan)  # r[l], l = 1..K
@@ -93,8 +105,8 @@ class AcceptanceStats:
     # ---- updates ---------------------------------------------------------------------------
 
     def record(self, *, num_requests: int, fill_rows: int, depth: int, accept_lens: np.ndarray,
-               verify_lens: np.ndarray | None, step: int, full_width: bool | None = None
-               ) -> None:
+               verify_lens: np.ndarray | None, step: int, full_width: bool | None = None,
+               classes: np.ndarray | None = None) -> None:
         """Fold one executed step into the statistics (callers apply the skip rule first).
 
         full_width: the step verified every row its requests could use (its plan's
@@ -102,15 +114,16 @@ class AcceptanceStats:
         learns from the requests whose whole proposal was verified (verify_lens == d + 1): a
         request whose rows were cut by its remaining allowance is censored, and counting it
         would bias the deep positions' survival toward the requests that keep going.
+        classes: [N] sampling class of each request (see the module notes), or None (all 0).
         """
         accept = np.asarray(accept_lens, dtype=np.float64)  # [N]
-        key = (int(num_requests), int(fill_rows), int(depth))
+        key = (int(num_requests), int(fill_rows), int(depth), _batch_key(classes))
         sample = float(accept.sum()) / fill_rows
         share = min(1.0, num_requests / self.sample_floor)  # this step's weight, in steps
         entry = self._progress.get(key)
         if entry is None:
             entry = self._progress[key] = [0.0, 0, step, 0.0]
-            self._by_nd.setdefault((key[0], key[2]), {})[key[1]] = entry
+            self._by_nd.setdefault((key[0], key[2], key[3]), {})[key[1]] = entry
         entry[3] += share
         alpha = share / min(entry[3], 1.0 / (1.0 - self.progress_decay))
         entry[0] += alpha * (sample - entry[0])
@@ -119,17 +132,42 @@ class AcceptanceStats:
         if full_width is None:
             full_width = fill_rows == num_requests * (depth + 1)
         if full_width:
-            whole = accept if verify_lens is None else accept[np.asarray(verify_lens) == depth + 1]
-            if whole.size:
-                j = np.arange(1, depth + 1)
-                survived = (whole[None, :] > j[:, None]).mean(axis=1)  # [d]
-                _update(self.survival, self._survival_weight, slice(1, depth + 1), survived,
-                        min(1.0, whole.size / self.sample_floor), self.survival_decay)
-                self._filled = None
+            whole = np.ones(accept.shape, bool) if verify_lens is None else (
+                np.asarray(verify_lens) == depth + 1)  # [N] uncensored requests
+            self._record_survival(self.survival, self._survival_weight, accept[whole], depth)
+            if classes is not None:
+                labels = np.asarray(classes)[whole]
+                for c in np.unique(labels).tolist():
+                    curve = self._by_class.setdefault(c, [np.full(self.max_depth + 1, np.nan),
+                                                          np.zeros(self.max_depth + 1)])
+                    self._record_survival(curve[0], curve[1], accept[whole][labels == c], depth)
+                    self._class_fits.pop(c, None)
+            self._filled = None
             if verify_lens is None:
                 verify_lens = np.full(accept.shape, depth + 1)
         if verify_lens is not None and self.estimator == "interpolate":
             self._record_ratios(accept, np.asarray(verify_lens), share)  # only it reads them
+
+    def _record_survival(self, values: np.ndarray, weights: np.ndarray, accept: np.ndarray,
+                         depth: int) -> None:
+        if accept.size:
+            j = np.arange(1, depth + 1)
+            survived = (accept[None, :] > j[:, None]).mean(axis=1)  # [d]
+            _update(values, weights, slice(1, depth + 1), survived,
+                    min(1.0, accept.size / self.sample_floor), self.survival_decay)
+
+    def set_batch(self, classes: np.ndarray | None) -> None:
+        """The sampling classes ([N]) of the batch the next estimates are for (None: all 0)."""
+        key = _batch_key(classes)
+        mix = None
+        if key == -1:
+            labels, counts = np.unique(np.asarray(classes), return_counts=True)
+            mix = (labels, counts / counts.sum())
+        elif key in self._by_class:
+            mix = (np.array([key]), np.ones(1))
+        if key != self._batch_key or not _same_mix(mix, self._batch_mix):
+            self._batch_key, self._batch_mix = key, mix
+            self._filled = None
 
     def _record_ratios(self, accept: np.ndarray, verify_lens: np.ndarray, share: float) -> None:
         drafts = verify_lens - 1  # [N] draft rows verified per request
@@ -150,9 +188,10 @@ class AcceptanceStats:
     def has_survival(self) -> bool:
         return bool(np.isfinite(self.survival[1:]).any())
 
-    def entry(self, num_requests: int, fill_rows: int, depth: int) -> tuple[float, int] | None:
+    def entry(self, num_requests: int, fill_rows: int, depth: int, sampling_class: int = 0
+              ) -> tuple[float, int] | None:
         """(EMA, sample count) for an exact key, or None if it was never recorded."""
-        e = self._progress.get((num_requests, fill_rows, depth))
+        e = self._progress.get((num_requests, fill_rows, depth, sampling_class))
         return None if e is None else (e[0], e[1])
 
     def progress(self, num_requests: int, fill_rows: int, depth: int, *, now: int,
@@ -195,7 +234,7 @@ class AcceptanceStats:
     def _blend(self, out: np.ndarray, prior: np.ndarray, n: int, u: np.ndarray, depth: int,
                now: int) -> None:
         """Moves out[i] (in place) to the exact-key EMA of (N, u[i], d) where one exists."""
-        entries = self._by_nd.get((n, depth))
+        entries = self._by_nd.get((n, depth, self._batch_key))
         if not entries:
             return
         exact_full = (self.full_width_from_survival
@@ -232,17 +271,31 @@ class AcceptanceStats:
         ShareGPT at c=1: s[4] > s[3] and s[6] = 0.45 > s[5] = 0.29). Uncorrected, such a curve
         prices a deeper level's rows above shallower ones and draws the planner deep."""
         if self._filled is None:
-            measured = np.isfinite(self.survival)
-            measured[0] = False
-            s = np.where(measured, self.survival, 1.0)
-            idx = np.flatnonzero(measured)
-            if idx.size > 1:
-                cap = 1.0 / (1.0 - self.survival_decay)  # an EMA's effective sample weight
-                s[idx] = _non_increasing(self.survival[idx],
-                                         np.minimum(self._survival_weight[idx], cap))
-            s[0] = 0.0
+            s = self._fit(self.survival, self._survival_weight)
+            if self._batch_mix is not None:  # the batch's classes, by their share of it
+                labels, shares = self._batch_mix
+                s = sum(share * (self._class_fit(c) if c in self._by_class else s)
+                        for c, share in zip(labels.tolist(), shares.tolist()))
             self._filled = (s, np.cumsum(s))
         return self._filled
+
+    def _class_fit(self, c: int) -> np.ndarray:
+        fit = self._class_fits.get(c)
+        if fit is None:
+            values, weights = self._by_class[c]
+            fit = self._class_fits[c] = self._fit(values, weights)
+        return fit
+
+    def _fit(self, survival: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        measured = np.isfinite(survival)
+        measured[0] = False
+        s = np.where(measured, survival, 1.0)
+        idx = np.flatnonzero(measured)
+        if idx.size > 1:
+            cap = 1.0 / (1.0 - self.survival_decay)  # an EMA's effective sample weight
+            s[idx] = _non_increasing(survival[idx], np.minimum(weights[idx], cap))
+        s[0] = 0.0
+        return s
 
     def _survival_fill(self, n: int, u: np.ndarray, depth, room: np.ndarray | None = None
                        ) -> np.ndarray:
@@ -278,6 +331,21 @@ class AcceptanceStats:
         s = np.clip((u - n) / max(n, 1), 0.0, min(depth, self.max_depth))  # [C]
         a = np.interp(s, lengths, accepted)  # [C]
         return (n + n * a) / np.maximum(u, 1)
+
+
+def _batch_key(classes: np.ndarray | None) -> int:
+    """A batch's class: its requests' common class, 0 without classes, -1 if mixed."""
+    if classes is None or len(classes) == 0:
+        return 0
+    first = int(classes[0])
+    return first if (np.asarray(classes) == first).all() else -1
+
+
+def _same_mix(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (a[0].shape == b[0].shape and (a[0] == b[0]).all()
+            and np.allclose(a[1], b[1], rtol=0, atol=0.02))
 
 
 def _non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -175,6 +175,8 @@ class StepObservation:
     verify_lens: [N] int, rows verified per request including its target row; optional, used
       to keep requests whose proposal was cut at their allowance out of the survival, by the
       interpolation estimator, and for consistency checks.
+    sampling_classes: [N] the requests' sampling classes (as given to plan()), so greedy and
+      sampled requests, or different temperatures, keep separate statistics.
     """
 
     plan: StepPlan
@@ -185,3 +187,4 @@ class StepObservation:
     step_ms: float | None = None
     draft_plan: StepPlan | None = None
     verify_lens: np.ndarray | None = None
+    sampling_classes: np.ndarray | None = None

@@ -63,6 +63,11 @@ class CostProfile:
                    num_slots=summary.get("num_slots", 0))
 
 
+# Bumped when the sweep measures differently, so tables from an older method are not reused
+# (2: each depth timed interleaved with its depth-0 twin).
+SWEEP_VERSION = 2
+
+
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
               policy: str, version: str) -> str:
     """What the cost tables depend on, hashed: the models (configs and a fingerprint of their
@@ -87,6 +92,7 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
         "decode_buckets": runner.decode_registry.sizes, "depths": depths, "policy": policy,
         "verifier": runner.verifier.name, "device": jax.devices()[0].device_kind,
         "backend": jax.default_backend(), "jax": jax.__version__, "lightspec_jax": version,
+        "sweep": SWEEP_VERSION,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -101,16 +107,19 @@ def _synthetic_state(runner: ModelRunner, context: int, active: int) -> SlotStat
         proposal_len=jnp.full((n,), k, jnp.int32))
 
 
-def _time_decode(runner: ModelRunner, rows: int, depth: int, *, context: int,
-                 repeats: int) -> float:
+def _time_decode(runner: ModelRunner, rows: int, depths: tuple[int, ...], *, context: int,
+                 repeats: int) -> list[float]:
+    """Least ms of the fused step at `rows` for each depth, the depths timed in turn within
+    each repeat (a slow spell on a shared machine then hits all of them alike)."""
     extra = runner.verifier.empty_inputs(runner.num_slots, runner.max_depth)
-    times = []
+    times = [[] for _ in depths]
     for _ in range(repeats + 1):
-        runner.state = _synthetic_state(runner, context, min(runner.num_slots, rows))
-        start = time.perf_counter()
-        jax.block_until_ready(runner.decode(rows, depth, extra))
-        times.append(1e3 * (time.perf_counter() - start))
-    return min(times[1:])
+        for i, depth in enumerate(depths):
+            runner.state = _synthetic_state(runner, context, min(runner.num_slots, rows))
+            start = time.perf_counter()
+            jax.block_until_ready(runner.decode(rows, depth, extra))
+            times[i].append(1e3 * (time.perf_counter() - start))
+    return [min(t[1:]) for t in times]
 
 
 def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int = 128,
@@ -119,14 +128,19 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     n = runner.num_slots
     sizes = runner.decode_registry.sizes
     home = runner.decode_registry.pick(n)  # the bucket of one row per slot
-    work = [(b, 0) for b in sizes] + [(home, d) for d in depths]
-    ms = {}
-    for rows, depth in tqdm(work, desc="profiling decode buckets", disable=not show_progress,
-                            leave=False):
-        ms[rows, depth] = _time_decode(runner, rows, depth, context=context, repeats=repeats)
+    # A depth's price is a difference of two timings at the home bucket, so each is timed
+    # interleaved with its own depth-0 twin.
+    work = [(b, (0,)) for b in sizes] + [(home, (0, d)) for d in depths]
+    ms, base = {}, {}
+    for rows, pair in tqdm(work, desc="profiling decode buckets", disable=not show_progress,
+                           leave=False):
+        timed = _time_decode(runner, rows, pair, context=context, repeats=repeats)
+        ms[rows, pair[-1]] = timed[-1]
+        if len(pair) == 2:
+            base[pair[1]] = timed[0]
     runner.state = SlotState.empty(n, runner.max_depth)
     # Drafting never costs less than nothing: a negative difference is timing noise.
-    depth_ms = {d: max(ms[home, d] - ms[home, 0], _PLACEHOLDER_MS) for d in depths}
+    depth_ms = {d: max(ms[home, d] - base[d], _PLACEHOLDER_MS) for d in depths}
     total_context = n * context
     return CostProfile(target=CostTable({b: ms[b, 0] for b in sizes}, context_len=total_context),
                        draft=CostTable({b: _PLACEHOLDER_MS for b in sizes},

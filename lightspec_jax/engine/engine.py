@@ -330,10 +330,12 @@ class Engine:
         # emits at least one token per request.
         lag = int(self.config.overlap and self._in_flight is not None
                   and self._in_flight.readback is not None)
-        remaining = np.maximum(self.scheduler.remaining[self.scheduler.decoding] - lag, 1)
+        decoding = self.scheduler.decoding
+        remaining = np.maximum(self.scheduler.remaining[decoding] - lag, 1)
         return self.planner.plan(num_requests=n, num_with_proposal=batch.num_with_proposal,
                                  confidences=confidences, context_len=batch.context_len,
-                                 remaining=remaining)
+                                 remaining=remaining,
+                                 sampling_classes=self.scheduler.acceptance_class[decoding])
 
     def _postprocess(self, flight: _InFlight):
         """Reads a step back (one packed array) and lets the scheduler apply it."""
@@ -384,7 +386,9 @@ class Engine:
                                                update_stats=False)
                 self.planner.observe(StepObservation(
                     plan=seen, accept_lens=np.minimum(accepted, plan.verified_depth) + 1,
-                    verify_lens=verified + 1, context_len=flight.context_len, step_ms=step_ms,
+                    verify_lens=verified + 1,
+                    sampling_classes=self.scheduler.acceptance_class[live],
+                    context_len=flight.context_len, step_ms=step_ms,
                     draft_plan=seen if step_ms is not None else None))
                 self._plan_ms += 1e3 * (time.perf_counter() - started)
         return dict(num_requests=len(accepted), verify_rows=plan.verify_rows,

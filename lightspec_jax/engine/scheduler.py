@@ -65,6 +65,7 @@ class Scheduler:
         self.has_proposal = np.zeros(n, bool)
         self.total_len = np.zeros(n, np.int64)
         self.remaining = np.zeros(n, np.int64)  # tokens each slot's request may still emit
+        self.acceptance_class = np.zeros(n, np.int64)  # SamplingParams.acceptance_class
         # Speculative counters per slot (SpecCounters fields), reset at admission.
         self.counters = np.zeros((4, n), np.int64)  # steps, drafted, verified, accepted
         self.last_live = np.zeros(n, bool)  # slots whose decode tokens the last read applied
@@ -95,6 +96,7 @@ class Scheduler:
             self.decoding[slot] = self.has_proposal[slot] = False
             self.total_len[slot] = request.prompt_len
             self.remaining[slot] = request.allowance
+            self.acceptance_class[slot] = request.params.acceptance_class
             self.counters[:, slot] = 0
         # Prompt rows per step; decodes run in their own executable, sized by the planner.
         budget = self.max_rows

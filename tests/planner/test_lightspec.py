@@ -352,9 +352,11 @@ def test_floor_when_nothing_is_accepted_and_deep_when_host_bound():
                     floor=True)
     target = {b: 1.0 + 0.2 * b for b in range(1, 33)}
     draft = {b: 0.05 for b in range(1, 33)}
+    depth = CostTable({1: 0.3, 2: 0.6, 3: 0.9})  # each drafted token costs 0.3 ms
     for host, expect_floor in ((None, True), (100.0, False)):
         p = make_planner("dynamic", s, target_costs=CostTable(target),
-                         draft_costs=CostTable(draft), explore_fraction=0.0,
+                         draft_costs=CostTable(draft), depth_costs=depth,
+                         explore_fraction=0.0,
                          host_costs=None if host is None else CostTable({4: host}))
         warm(p, n=4)
         for _ in range(10):
@@ -378,3 +380,18 @@ def test_request_ends_cap_the_fill_and_the_next_depth():
     observe(p, plan, [1, 2, 5, 5], verify_lens=np.array([1, 2, 5, 5]))
     # the censored requests (rows cut at their allowance) teach the survival nothing
     assert p.stats.survival[4] == pytest.approx(1.0)
+
+
+def test_floor_needs_a_margin_over_depth_one():
+    """Priced the same as a depth-1 proposal verified at one row per request (a drafter whose
+    first token comes with its commit forward, like Eagle3), the floor loses the tie: it
+    would forfeit the next step's proposal for nothing."""
+    s = PlannerSpec(verify_buckets=tuple(range(1, 33)), draft_depths=(1, 2, 3), max_depth=3,
+                    floor=True)
+    p = make_planner("dynamic", s, target_costs=CostTable({b: 1.0 + 0.2 * b for b in range(1, 33)}),
+                     draft_costs=CostTable({b: 0.05 for b in range(1, 33)}), explore_fraction=0.0)
+    warm(p, n=4)
+    for _ in range(10):
+        plan = p.plan(num_requests=4)
+        observe(p, plan, np.ones(4, int))
+    assert p.plan(num_requests=4).draft_depth == 1

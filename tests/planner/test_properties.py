@@ -109,8 +109,9 @@ ACCEPTANCE = st.sampled_from(["all", "none", "random"])
        host=st.sampled_from([None, "small", "dominant"]), seed=st.integers(0, 2**31 - 1))
 def test_never_prices_a_choice_above_the_floor(k, n, acceptance, shape, host, seed):
     """The next depth's best configuration costs at most what the floor (draft nothing, verify
-    one row per request) costs per token, as the planner itself prices both: whatever the
-    statistics (all accepted, none, random) and costs (flat, steep, host-dominated)."""
+    one row per request) costs per token, as the planner itself prices both - give or take the
+    floor margin, the share by which the floor must win to be taken: whatever the statistics
+    (all accepted, none, random) and costs (flat, steep, host-dominated)."""
     rng = np.random.default_rng(seed)
     buckets = tuple(range(1, 4 * 8 * 8 + 1, 3))
     spec = PlannerSpec(verify_buckets=buckets, draft_depths=tuple(range(1, k + 1)),
@@ -119,10 +120,13 @@ def test_never_prices_a_choice_above_the_floor(k, n, acceptance, shape, host, se
              "steep": lambda b: 0.1 + 3.0 * b, "random": lambda b: float(rng.uniform(0.1, 50))}
     target = CostTable({b: price[shape](b) for b in buckets})
     draft = CostTable({b: 0.01 + 0.05 * price[shape](b) for b in buckets})
+    home = target.estimate(spec.bucket_for(n))
+    stage = CostTable({d: 0.1 * d * home for d in range(1, k + 1)})  # 10% a drafted token
     hosts = None if host is None else CostTable(
         {n: 0.01 if host == "small" else 1e4})
     planner = make_planner("dynamic", spec, target_costs=target, draft_costs=draft,
-                           host_costs=hosts, explore_fraction=0.0, reprice_every=1)
+                           depth_costs=stage, host_costs=hosts, explore_fraction=0.0,
+                           reprice_every=1)
     plan = planner.plan(num_requests=n)
     for _ in range(12):
         plan = planner.plan(num_requests=n)
@@ -137,6 +141,7 @@ def test_never_prices_a_choice_above_the_floor(k, n, acceptance, shape, host, se
     rows = sorted({min(b, full) for b in buckets if b >= n and b <= spec.bucket_for(full)})
     best = min(planner.ms_per_token(num_requests=n, fill_rows=u, depth=d) for u in rows)
     event(f"depth {'0 (floor)' if d == 0 else '>0'}")
-    assert best <= floor * (1 + 1e-9)
+    margin = planner.options.floor_margin
+    assert best <= floor / (1 - margin) * (1 + 1e-9)
     if acceptance == "none" and host != "dominant" and shape != "random":
         assert d == 0  # nothing is ever accepted: with costs rising in rows, drafting only costs

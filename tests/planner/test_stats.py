@@ -140,3 +140,28 @@ def test_invalid_configuration_is_rejected():
         AcceptanceStats(max_depth=2, estimator="magic")
     with pytest.raises(ValueError, match="decay"):
         AcceptanceStats(max_depth=2, progress_decay=1.0)
+
+
+def test_sampling_classes_keep_separate_statistics():
+    """Greedy requests that accept everything and sampled ones that accept nothing, in
+    alternating batches: each class's estimate stays its own, and a mixed batch is priced by
+    its composition. One pooled estimate would put both near the middle."""
+    stats = AcceptanceStats(max_depth=3, sample_floor=1, full_width_from_survival=True)
+    greedy, hot = np.zeros(4, int), np.full(4, 5)
+    for step in range(20):
+        classes = greedy if step % 2 else hot
+        accept = np.full(4, 4) if step % 2 else np.ones(4, int)
+        stats.record(num_requests=4, fill_rows=16, depth=3, accept_lens=accept,
+                     verify_lens=np.full(4, 4), step=step, classes=classes)
+    stats.set_batch(greedy)
+    assert stats.progress(4, 16, 3, now=20) == pytest.approx(1.0)
+    stats.set_batch(hot)
+    assert stats.progress(4, 16, 3, now=20) == pytest.approx(0.25)
+    stats.set_batch(np.array([0, 0, 5, 5]))
+    assert stats.progress(4, 16, 3, now=20) == pytest.approx((4 + 2 * 3) / 16)
+    pooled = AcceptanceStats(max_depth=3, sample_floor=1, full_width_from_survival=True)
+    for step in range(20):  # the same steps without classes: one estimate, in between
+        accept = np.full(4, 4) if step % 2 else np.ones(4, int)
+        pooled.record(num_requests=4, fill_rows=16, depth=3, accept_lens=accept,
+                      verify_lens=np.full(4, 4), step=step)
+    assert 0.3 < pooled.progress(4, 16, 3, now=20) < 0.95
