@@ -81,9 +81,10 @@ def test_host_bound_steps_cost_their_host_time(overlap):
     assert result.host_bound_steps == result.steps
     if overlap:  # free rows: the planner drafts deep and verifies everything it drafted
         assert result.draft_depth_sum / result.steps > 8
+    off_trace = []
     off = run(SimConfig(profile="math", concurrency=4, policy="dynamic", num_requests=8,
-                        host_cost=False), cost, trace=(trace := []))
-    assert off.host_bound_steps == 0 and all(t["host_ms"] == 0 for t in trace)
+                        host_cost=False), cost, trace=off_trace)
+    assert off.host_bound_steps == 0 and all(t["host_ms"] == 0 for t in off_trace)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
