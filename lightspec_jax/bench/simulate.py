@@ -24,9 +24,10 @@ def simulator_names() -> dict[str, str]:
 
     out = {}
     for key, policy in POLICIES.items():
-        # Ablations (planner options set) keep their descriptive key; the plain ones are
-        # exactly "kind at depth K" and take the bench spelling.
-        out[key if policy.options else policy_name(policy.kind, policy.max_depth)] = key
+        # Ablations (planner options or the floor set) keep their descriptive key; the plain
+        # ones are exactly "kind at depth K" and take the bench spelling.
+        ablation = policy.options or policy.floor is not None
+        out[key if ablation else policy_name(policy.kind, policy.max_depth)] = key
     return out
 
 
@@ -93,14 +94,14 @@ def _policy_arg(text: str) -> str:
 
 
 def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
-    from lightspec_jax.planner.sim.costmodel import RooflineCostModel, TableCostModel
+    from lightspec_jax.planner.sim.costmodel import TableCostModel
     from lightspec_jax.planner.sim.report import format_report
     from lightspec_jax.planner.sim.simulate import (ABLATION_POLICIES, MAIN_POLICIES, SimConfig,
-                                                    default_requests, run_task)
+                                                    config_options, default_requests,
+                                                    describe_costs, roofline_overrides, run_task)
     from lightspec_jax.planner.synthetic import PROFILES
 
-    overrides = {k: v for k, v in (("target_overhead_ms", args.target_overhead_ms),
-                                   ("draft_overhead_ms", args.draft_overhead_ms)) if v is not None}
+    overrides = roofline_overrides(args)
     if args.cost_table:
         TableCostModel.load(args.cost_table)  # fail early, with the file's own error
     elif args.cost_model == "table":
@@ -116,9 +117,8 @@ def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
         groups += [(p, [q for q in ABLATION_POLICIES if q not in MAIN_POLICIES])
                    for p in ("chat", "code")]
     tasks = [(SimConfig(profile=profile, concurrency=c, policy=key,
-                        num_requests=args.requests or default_requests(c), seed=args.seed,
-                        steps_per_octave=args.steps_per_octave,
-                        draft_at_prefill=not args.no_draft_at_prefill), args.cost_table, overrides)
+                        num_requests=args.requests or default_requests(c), **config_options(args)),
+              args.cost_table, overrides)
              for profile, policies in groups for c in args.concurrency for key in policies]
     # Low concurrency takes the most steps: starting those first keeps the workers even.
     tasks.sort(key=lambda t: t[0].concurrency)
@@ -132,7 +132,7 @@ def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
     for r in runs:  # the printed and saved label is the name the user types
         r["label"] = bench_name(r["policy"])
     command = shlex.join(["lightspec-bench", "simulate", *argv])
-    cost_name = args.cost_table or RooflineCostModel(**overrides).name
+    cost_name = describe_costs(args)
     report = format_report(runs, cost_name=cost_name, command=command, wall_s=wall,
                            jobs=args.jobs)
     # The report's column heads still use the simulator's "static K=3" spelling.

@@ -16,6 +16,19 @@ Overheads are calibrated on public figures (peers.md §2):
 * draft: vllm#20780 (Llama-3.1-8B + EAGLE-3, H100, batch 1): vanilla 7.07 ms/token, K=4 gives
   4.05 ms/token at acceptance length 3.08, so 4 draft forwards took 4.05*3.08 - 7.07 = 5.40 ms,
   1.35 ms each; minus that drafter's weight-read time at 3.35 TB/s leaves 1.1 ms per forward.
+
+Host time per step (scheduling, planning, reading back and emitting tokens), by the N requests
+in the step: host(N) = HOST_BASE_MS + HOST_PER_REQUEST_MS * N. It does not depend on rows or
+depth. The serving loop overlaps it with the device (a step costs max(device, host)), or adds
+it without overlap. From this project's measurements (BENCHMARKS.md):
+* base 1.0 ms: this CPU's engine loop spends 0.95 ms of host time per static K=3 step at c=1
+  ("The engine loop's tax", host ms after the rewrite);
+* 0.06 ms per request: on the H200 at c=256 (BENCHMARKS.md, "The H200 device check", run 3) a
+  speculative step took 16 ms of wall whether its device work was 6.7 ms (dynamic) or 9.5 ms
+  (static K=3): a host-bound overlapped loop, so host(256) ~ 16 ms, (16 - 1) / 256 ~ 0.06.
+  The same CPU loop measured 2.7 ms at c=256 (0.0067 ms per request): the H200 figure is the
+  pessimistic one, chosen because the roofline models that machine; `host_per_request_ms`
+  (CLI --host-per-request-ms 0.0067) gives the CPU's.
 """
 
 from __future__ import annotations
@@ -62,6 +75,8 @@ H100_BYTES_PER_MS = 3.35e12 / 1e3
 
 TARGET_OVERHEAD_MS = 1000.0 / 186.0 - QWEN3_8B_PARAMS * _BYTES / H200_BYTES_PER_MS
 DRAFT_OVERHEAD_MS = (4.05 * 3.08 - 7.07) / 4 - EAGLE3_LLAMA31_8B_PARAMS * _BYTES / H100_BYTES_PER_MS
+HOST_BASE_MS = 1.0
+HOST_PER_REQUEST_MS = (16.0 - HOST_BASE_MS) / 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +93,8 @@ class RooflineCostModel:
     draft_kv_bytes_per_token: int = 1 * 2 * 1024 * _BYTES
     draft_attn_flops: int = 1 * 2 * 2 * 5120
     draft_overhead_ms: float = DRAFT_OVERHEAD_MS
+    host_base_ms: float = HOST_BASE_MS
+    host_per_request_ms: float = HOST_PER_REQUEST_MS
     name: str = "roofline-h200-qwen3-14b-eagle3"
 
     def _forward(self, rows, context, requests, params, kv_bytes, attn_flops, overhead):
@@ -98,6 +115,10 @@ class RooflineCostModel:
                              self.draft_kv_bytes_per_token, self.draft_attn_flops,
                              self.draft_overhead_ms)
 
+    def host_ms(self, requests: int) -> float:
+        """Host ms of a decode step with N requests (module docstring)."""
+        return self.host_base_ms + self.host_per_request_ms * requests
+
     def prefill_ms(self, prompt_tokens: int) -> float:
         """Marginal cost of a prompt chunked into a decode step: compute on its tokens (the
         step reads the weights anyway), causal attention over itself, and the drafter's pass."""
@@ -113,11 +134,13 @@ class TableCostModel:
 
     target: CostTable
     draft: CostTable
+    host: CostTable | None = None  # host ms per step keyed by requests N; None: no host time
     name: str = "table"
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TableCostModel:
-        """A JSON file {"target": <CostTable JSON>, "draft": <CostTable JSON>}."""
+        """A JSON file {"target": <CostTable JSON>, "draft": <CostTable JSON>} and optionally
+        "host": <CostTable JSON keyed by requests>; a file without "host" has no host time."""
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         missing = {"target", "draft"} - set(data)
@@ -127,18 +150,27 @@ class TableCostModel:
         target, draft = CostTable.from_json(data["target"]), CostTable.from_json(data["draft"])
         if target.is_empty or draft.is_empty:
             raise ValueError(f"{path}: the target and draft tables must not be empty")
-        return cls(target=target, draft=draft, name=f"table:{os.path.basename(path)}")
+        host = CostTable.from_json(data["host"]) if "host" in data else None
+        if host is not None and host.is_empty:
+            raise ValueError(f"{path}: the host table must not be empty (leave the key out "
+                             "for no host time)")
+        return cls(target=target, draft=draft, host=host, name=f"table:{os.path.basename(path)}")
 
     def save(self, path: str | os.PathLike) -> None:
+        data = {"target": self.target.to_json(), "draft": self.draft.to_json()}
+        if self.host is not None:
+            data["host"] = self.host.to_json()
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({"target": self.target.to_json(), "draft": self.draft.to_json()}, f,
-                      indent=1)
+            json.dump(data, f, indent=1)
 
     def target_ms(self, rows: int, context: float, requests: int) -> float:
         return self.target.estimate(rows, context)
 
     def draft_ms(self, rows: int, context: float, requests: int) -> float:
         return self.draft.estimate(rows, context)
+
+    def host_ms(self, requests: int) -> float:
+        return 0.0 if self.host is None else self.host.estimate(requests)
 
     def prefill_ms(self, prompt_tokens: int) -> float:
         return max(0.0, self.target.estimate(prompt_tokens, 0) - self.target.estimate(1, 0))
@@ -152,3 +184,10 @@ def profile_tables(model, buckets, *, context_len: int = 0) -> tuple[CostTable, 
     draft = CostTable({b: model.draft_ms(b, context_len, b) for b in buckets},
                       context_len=context_len)
     return target, draft
+
+
+def profile_host(model, buckets) -> CostTable:
+    """Start-up profile of host time, one step per request count in `buckets` (context-free:
+    host work follows requests, not KV). Empty if the model has no host time."""
+    ms = {b: model.host_ms(b) for b in buckets}
+    return CostTable({b: v for b, v in ms.items() if v > 0})

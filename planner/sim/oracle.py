@@ -9,6 +9,12 @@ over ~50 steps of committed tokens per decode ms — prefill time is the same un
 and left out — because the attainable rate changes with the batch). It uses the true cost
 model, not a learned table, and the same buckets and draft-cost structure as the planners.
 It is a per-step hindsight bound, not a proof of optimality.
+
+It models what the planners face: a step's price is its wall time, max(device, host) with an
+overlapped loop and device + host without (objective.StepCosts.wall); requests near their end
+cannot use drafts past their allowance (the caller caps `accepted`); and depth 0, the floor,
+is a choice when the spec offers it (a verify of one row per request and the drafter's first
+forward only, as the simulator charges it).
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ from ..types import PlannerSpec
 
 
 class Oracle:
-    def __init__(self, spec: PlannerSpec, cost_model, *, decay: float = 0.98) -> None:
+    def __init__(self, spec: PlannerSpec, cost_model, *, decay: float = 0.98,
+                 host: bool = True, overlap: bool = True) -> None:
         self.spec = spec
         self.cost = cost_model
         self.decay = decay
+        self.host = host  # price the cost model's host time
+        self.overlap = overlap
         self.tokens = 0.0  # EMA of tokens committed per decode step
         self.ms = 0.0  # EMA of decode ms (target + draft) per step
 
@@ -39,16 +48,18 @@ class Oracle:
         n_bucket = int(buckets[lo])
         lam = self.tokens / self.ms if self.ms > 0 else None
         tail = self.cost.draft_ms(n_bucket, context, n)
+        host = self.cost.host_ms(n) if self.host else 0.0
         base = {}  # bucket -> target + first draft forward, ms
         best = None
-        for depth in spec.draft_depths:
+        for depth in spec.choices:
             rows = min(n + int(np.minimum(accepted, depth).sum()), spec.max_requests)
             hi = int(np.searchsorted(buckets, rows))
             for b in buckets[lo:hi + 1].tolist():
                 tokens = min(b, rows)
                 if b not in base:
                     base[b] = self.cost.target_ms(b, context, n) + self.cost.draft_ms(b, context, n)
-                ms = base[b] + (depth - 1) * tail
+                device = base[b] + max(depth - 1, 0) * tail
+                ms = max(device, host) if self.overlap else device + host
                 score = tokens - lam * ms if lam is not None else tokens / ms
                 if best is None or score > best[0]:
                     best = (score, depth, b, tokens)

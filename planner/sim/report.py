@@ -22,7 +22,9 @@ def format_report(results: list[dict], *, cost_name: str, command: str, wall_s: 
             "request-step, bonus included; accept rate = accepted / verified draft tokens; "
             "verified rows include each request's target row (LightLLM's convention), real "
             "rows first and the compiled bucket run in parentheses; mean next d = mean draft "
-            "depth chosen; probes = exploration steps of the dynamic planner.", ""]
+            "depth chosen (0 = the floor, no drafts); probes = exploration steps of the dynamic "
+            "planner; host-bound = share of steps whose host time exceeded their device time "
+            "(prefill included).", ""]
     for profile in profiles:
         out += _profile_table(profile, by_key, [p for p in _MAIN])
     extra = sorted({r["policy"] for r in results if r["policy"] not in _MAIN})
@@ -30,6 +32,9 @@ def format_report(results: list[dict], *, cost_name: str, command: str, wall_s: 
         if any((profile, c, p) in by_key for c in _concurrencies(by_key, profile) for p in extra):
             out += _profile_table(profile, by_key, ["dynamic"] + extra, title="ablations")
     out += _bars(profiles, by_key)
+    wasted = sum(r["wasted_tokens"] for r in results)
+    out += [f"Tokens accepted past a request's end, all runs: {wasted} (the fill cuts each "
+            "proposal at the request's remaining allowance, as the engine does).", ""]
     return "\n".join(out)
 
 
@@ -41,8 +46,9 @@ def _profile_table(profile, by_key, policies, title="") -> list[str]:
     head = f"### {profile}" + (f" — {title}" if title else "")
     lines = [head, "",
              "| c | policy | tok/s | × static K=3 | × static K=11 | × oracle | τ | accept rate "
-             "| verified rows / req-step | verified rows / step (bucket) | mean next d | probes |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| verified rows / req-step | verified rows / step (bucket) | mean next d | probes "
+             "| host-bound |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in _concurrencies(by_key, profile):
         base = {p: by_key.get((profile, c, p)) for p in ("static-3", "static-11", "oracle")}
         for policy in policies:
@@ -56,7 +62,8 @@ def _profile_table(profile, by_key, policies, title="") -> list[str]:
                 f"{r['acceptance_length']:.2f} | {100 * r['acceptance_rate']:.1f}% | "
                 f"{r['rows_per_request_step']:.2f} | {r['fill_rows'] / r['steps']:.0f} "
                 f"({r['bucket_rows'] / r['steps']:.0f}) | "
-                f"{r['draft_depth_sum'] / r['steps']:.2f} | {r['probes']} |")
+                f"{r['draft_depth_sum'] / r['steps']:.2f} | {r['probes']} | "
+                f"{100 * r['host_bound_steps'] / r['steps']:.0f}% |")
     return lines + [""]
 
 

@@ -8,15 +8,28 @@ infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrenc
 
   admit    new requests are prefilled inside the step (their compute is charged); the drafter
            proposes for them at prefill, as Eagle3 engines do (`--no-draft-at-prefill`: not)
-  plan     planner.plan(step i), THEN planner.observe(step i-1): statistics arrive one step late,
-           as with overlapped scheduling (lightspec-algorithm.md §9)
+  plan     planner.plan(step i, remaining=each request's allowance), THEN planner.observe(step
+           i-1) and observe_host(step i-1): statistics arrive one step late, as with overlapped
+           scheduling (lightspec-algorithm.md §9). The remaining allowances are exact here (the
+           engine's lag one step under overlap and subtract the token in flight)
   accept   the workload profile draws, per request and position, whether drafts match and the
            drafter's confidences (planner/synthetic.py)
   fill     the device's choice (planner/fill.py): the top u - N draft rows by prefix survival
-           of clipped confidences (every request keeps its target row), deterministic tie order
-  commit   accept_len = min(accepted, verified) + 1, truncated at the request's output length
-  cost     target(bucket) + draft run at the next depth (+ prefill), from the cost model, with
-           2% log-normal timing noise; the planner sees these measured times
+           of clipped confidences (every request keeps its target row), deterministic tie order;
+           as in the engine, a proposal is cut at remaining - 1 drafts before the fill, so no
+           row is verified past a request's end
+  commit   accept_len = min(accepted, verified) + 1; `wasted_tokens` counts any committed past
+           the request's output length (none, by the cut: the metric is a check)
+  cost     device: target(bucket) + the draft run at the next depth (its first forward over the
+           bucket, then one forward over N per further depth; depth 0, the floor, runs the first
+           forward only) + prefill; host: host_ms(N). The step's wall time is max(device, host)
+           (overlapped loop) or device + host (`--no-overlap`); `--no-host-cost` sets host to 0.
+           2% log-normal noise on each measured time; the planners see these times: target and
+           draft through observe(), host through observe_host() (on decode-only steps, as the
+           engine), and start from tables profiled on the same cost model
+  floor    the dynamic planner is offered depth 0 (PlannerSpec(floor=True)), as the engine does
+           with autoregressive drafters; static and DSpark-style are not. After a depth-0 step
+           no request holds a proposal (num_with_proposal 0 on the next plan)
 
 Metrics cover the saturated phase only: steps that start while requests are still queued, so
 every slot that frees is refilled and the batch holds C requests. The drain at the end (the
@@ -41,7 +54,7 @@ from .. import make_planner
 from ..fill import fill_lengths
 from ..synthetic import PROFILES, AcceptanceModel
 from ..types import PlannerSpec, StepObservation, geometric_buckets
-from .costmodel import RooflineCostModel, TableCostModel, profile_tables
+from .costmodel import RooflineCostModel, TableCostModel, profile_host, profile_tables
 from .oracle import Oracle
 from .report import format_report
 
@@ -52,6 +65,11 @@ class Policy:
     kind: str  # "static" | "dynamic" | "dspark" | "oracle"
     max_depth: int
     options: tuple = ()  # (name, value) pairs passed to make_planner
+    floor: bool | None = None  # depth 0 offered; None: as the engine (dynamic) and the oracle
+
+    @property
+    def offers_floor(self) -> bool:
+        return self.kind in ("dynamic", "oracle") if self.floor is None else self.floor
 
 
 POLICIES: dict[str, Policy] = {
@@ -65,7 +83,10 @@ POLICIES: dict[str, Policy] = {
     "dynamic-lightllm": Policy(
         label="dynamic as LightLLM's final planner", kind="dynamic", max_depth=11,
         options=(("refresh_costs", False), ("explore_fraction", 0.0), ("stat_half_life", None),
-                 ("sample_floor", 1), ("full_width_from_survival", False))),
+                 ("sample_floor", 1), ("full_width_from_survival", False)),
+        floor=False),  # LightLLM's eagle3 mode allows depths 1..K only (§5)
+    "dynamic-no-floor": Policy(label="dynamic, no depth-0 floor", kind="dynamic",
+                               max_depth=11, floor=False),
     "dynamic-no-refresh": Policy(label="dynamic, start-up costs only", kind="dynamic",
                                  max_depth=11, options=(("refresh_costs", False),)),
     "dynamic-no-explore": Policy(label="dynamic, no probes/aging", kind="dynamic", max_depth=11,
@@ -75,8 +96,8 @@ POLICIES: dict[str, Policy] = {
     "dspark-11": Policy(label="DSpark-style K=11", kind="dspark", max_depth=11),
 }
 MAIN_POLICIES = ("static-3", "static-11", "dynamic", "dspark", "oracle")
-ABLATION_POLICIES = ("dynamic", "dynamic-lightllm", "dynamic-no-refresh", "dynamic-no-explore",
-                     "dynamic-interp", "dspark-11")
+ABLATION_POLICIES = ("dynamic", "dynamic-lightllm", "dynamic-no-floor", "dynamic-no-refresh",
+                     "dynamic-no-explore", "dynamic-interp", "dspark-11")
 CONCURRENCIES = (1, 4, 16, 64, 256)
 
 
@@ -90,6 +111,8 @@ class SimConfig:
     steps_per_octave: int = 4  # verify buckets: geometric_buckets(C (K+1), steps_per_octave)
     draft_at_prefill: bool = True
     timing_noise: float = 0.02
+    host_cost: bool = True  # charge the cost model's host time (False: host 0, device only)
+    overlap: bool = True  # a step costs max(device, host); False: device + host
 
 
 @dataclass(kw_only=True)
@@ -102,7 +125,9 @@ class RunResult:
     time_ms: float = 0.0
     steps: int = 0
     request_steps: int = 0  # sum over steps of N
-    committed: int = 0  # accept_len summed (bonus included) before length truncation
+    committed: int = 0  # accept_len summed (bonus included)
+    wasted_tokens: int = 0  # accepted past a request's end (0: the fill never verifies there)
+    host_bound_steps: int = 0  # steps whose host time exceeded their device time
     accepted_drafts: int = 0
     verified_drafts: int = 0
     fill_rows: int = 0  # real verified rows, target rows included
@@ -150,17 +175,22 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
     c = config.concurrency
     spec = PlannerSpec(verify_buckets=geometric_buckets(c * (k + 1),
                                                         steps_per_octave=config.steps_per_octave),
-                       draft_depths=tuple(range(1, k + 1)), max_depth=k)
+                       draft_depths=tuple(range(1, k + 1)), max_depth=k,
+                       floor=policy.offers_floor)
     planner = oracle = None
     if policy.kind == "oracle":
-        oracle = Oracle(spec, cost)
+        oracle = Oracle(spec, cost, host=config.host_cost, overlap=config.overlap)
     else:
         target, draft = profile_tables(cost, spec.verify_buckets)
+        host = profile_host(cost, range(1, c + 1)) if config.host_cost else None
         planner = make_planner(policy.kind, spec, target_costs=target, draft_costs=draft,
-                               **dict(policy.options))
+                               host_costs=host, overlap=config.overlap, **dict(policy.options))
     prompts, outputs, quality, drift0 = requests_for(config)  # [R] each
     profile_index = sorted(PROFILES).index(config.profile)
     rng = np.random.default_rng([config.seed, 2, profile_index, c])
+    # Host timing noise draws from its own stream, so runs with and without host cost see the
+    # same acceptance draws and differ by the host cost alone.
+    host_rng = np.random.default_rng([config.seed, 3, profile_index, c])
     res = RunResult(profile=config.profile, concurrency=c, policy=config.policy,
                     label=policy.label)
 
@@ -168,8 +198,11 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
     generated = np.zeros(c, dtype=np.int64)
     drift = np.zeros(c)
     has_proposal = np.zeros(c, dtype=bool)
-    next_req, depth_now = 0, 0  # depth_now: draft depth of the latest plan
-    pending, stale_conf = None, None
+    next_req = 0
+    # Whether the drafter proposes after the latest step: not before the first plan, nor after
+    # a floor step. The oracle picks its depth in hindsight, so it always has a proposal.
+    drafting = False
+    pending, pending_host, stale_conf = None, None, None
     drain = RunResult(profile=config.profile, concurrency=c, policy=config.policy,
                       label=policy.label)
     while True:
@@ -182,7 +215,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             next_req += free.size
             slot_req[free], drift[free] = ids, drift0[ids]
             generated[free] = 1  # prefill emits the first token
-            has_proposal[free] = config.draft_at_prefill and depth_now > 0
+            has_proposal[free] = config.draft_at_prefill and drafting
             acc.output_tokens += free.size
             prefill_ms = sum(cost.prefill_ms(int(p)) for p in prompts[ids])
             done = generated[free] >= outputs[ids]
@@ -202,15 +235,19 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         if oracle is not None:
             useful = np.where(has_proposal[idx], np.minimum(potential, remaining - 1), 0)
             depth, bucket, verified = oracle.choose(useful, context=context)
-            draft_depth, fill = depth, n + int(verified.sum())
+            draft_depth = depth
         else:
             plan = planner.plan(num_requests=n, num_with_proposal=m, confidences=stale_conf,
-                                context_len=context)
+                                context_len=context, remaining=remaining)
             if pending is not None:
                 planner.observe(pending)
-            verified = _fill(conf, has_proposal[idx], plan.verified_depth, plan.fill_rows - n)
-            bucket, draft_depth, fill = plan.verify_rows, plan.draft_depth, plan.fill_rows
+            if pending_host is not None:
+                planner.observe_host(num_requests=pending_host[0], host_ms=pending_host[1])
+            verified = _fill(conf, has_proposal[idx], plan.verified_depth, plan.fill_rows - n,
+                             remaining)
+            bucket, draft_depth = plan.verify_rows, plan.draft_depth
             acc.probes += plan.probe
+        fill = n + int(verified.sum())  # real rows (the plan's budget may exceed the proposals)
         accept = np.minimum(potential, verified) + 1  # [N] bonus included
         committed = np.minimum(accept, remaining)
 
@@ -218,34 +255,46 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         n_bucket = spec.bucket_for(n)
         target_ms = cost.target_ms(bucket, context, n) * noise[0]
         draft_ms = (cost.draft_ms(bucket, context, n)
-                    + (draft_depth - 1) * cost.draft_ms(n_bucket, context, n)) * noise[1]
-        step_ms = target_ms + draft_ms + prefill_ms
+                    + max(draft_depth - 1, 0) * cost.draft_ms(n_bucket, context, n)) * noise[1]
+        host_ms = 0.0
+        if config.host_cost:
+            host_ms = cost.host_ms(n) * float(np.exp(config.timing_noise
+                                                     * host_rng.standard_normal()))
+        device_ms = target_ms + draft_ms + prefill_ms
+        step_ms = max(device_ms, host_ms) if config.overlap else device_ms + host_ms
         if planner is not None:
             pending = StepObservation(plan=plan, accept_lens=accept, target_ms=target_ms,
                                       draft_ms=draft_ms, context_len=int(context),
                                       verify_lens=verified + 1)
+            # The engine refreshes host costs from decode-only steps (prefill changes the work).
+            pending_host = (n, host_ms) if config.host_cost and not free.size else None
             stale_conf = conf  # DSpark-style reads last step's confidences (host lag)
         else:
-            oracle.account(float(committed.sum()), target_ms + draft_ms)
+            decode_ms = target_ms + draft_ms
+            oracle.account(float(committed.sum()), max(decode_ms, host_ms) if config.overlap
+                           else decode_ms + host_ms)
 
         if trace is not None:
             trace.append(dict(n=n, m=m, fill=fill, bucket=bucket, draft_depth=draft_depth,
                               verified=verified.copy(), accept=accept.copy(),
-                              committed=int(committed.sum()), step_ms=step_ms,
+                              remaining=remaining.copy(), committed=int(committed.sum()),
+                              step_ms=step_ms, device_ms=device_ms, host_ms=host_ms,
                               prefill_ms=prefill_ms, admitted=int(free.size)))
         acc.time_ms += step_ms
         acc.steps += 1
         acc.request_steps += n
         acc.output_tokens += int(committed.sum())
         acc.committed += int(accept.sum())
+        acc.wasted_tokens += int((accept - committed).sum())
+        acc.host_bound_steps += int(host_ms > device_ms)
         acc.accepted_drafts += int((accept - 1).sum())
         acc.verified_drafts += int(verified.sum())
         acc.fill_rows += fill
         acc.bucket_rows += bucket
         acc.draft_depth_sum += draft_depth
         generated[idx] += committed
-        has_proposal[idx] = True
-        depth_now = draft_depth
+        drafting = oracle is not None or draft_depth > 0
+        has_proposal[idx] = drafting
         finished = idx[generated[idx] >= outputs[ids]]
         slot_req[finished] = -1
     res.wall_s = time.perf_counter() - wall
@@ -266,10 +315,15 @@ def requests_for(config: SimConfig) -> tuple[np.ndarray, ...]:
     return prompts, outputs, quality, model.initial_drift(rng, config.num_requests)
 
 
-def _fill(conf: np.ndarray, has_proposal: np.ndarray, depth: int, budget: int) -> np.ndarray:
+def _fill(conf: np.ndarray, has_proposal: np.ndarray, depth: int, budget: int,
+          remaining: np.ndarray | None = None) -> np.ndarray:
     """Device fill: verified drafts per request [N] when `budget` draft rows go to requests
-    with a proposal of `depth` (the rule in planner/fill.py)."""
+    with a proposal of `depth` (the rule in planner/fill.py), each proposal first cut at its
+    request's remaining - 1 drafts (remaining: [N] tokens each may still emit), as the engine
+    cuts it: a request commits at most `remaining` tokens, its bonus included."""
     proposal_len = np.where(has_proposal, depth, 0)  # [N]
+    if remaining is not None:
+        proposal_len = np.minimum(proposal_len, remaining - 1)
     return fill_lengths(conf[:, :depth], proposal_len, budget)
 
 
@@ -291,6 +345,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-overhead-ms", type=float, default=None,
                         help="roofline fixed cost per draft forward (default: the calibrated "
                              "1.10)")
+    parser.add_argument("--host-base-ms", type=float, default=None,
+                        help="roofline host ms per step, fixed part (default: 1.0; see "
+                             "planner/sim/costmodel.py)")
+    parser.add_argument("--host-per-request-ms", type=float, default=None,
+                        help="roofline host ms per step and request (default: 0.0586, the "
+                             "H200 loop's; 0.0067 is this CPU loop's)")
+    parser.add_argument("--no-host-cost", action="store_true",
+                        help="no host time: steps cost their device time alone (the simulator "
+                             "before host costs)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="the loop does not hide host time: a step costs device + host "
+                             "(default: max(device, host))")
     parser.add_argument("--requests", type=int, default=None,
                         help="requests per run (default: max(4 x concurrency, 32))")
     parser.add_argument("--steps-per-octave", type=int, default=4,
@@ -301,6 +367,34 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seed of requests and acceptance draws (default: 0)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="worker processes (default: every CPU)")
+
+
+def roofline_overrides(args: argparse.Namespace) -> dict:
+    """RooflineCostModel fields the run arguments override."""
+    names = ("target_overhead_ms", "draft_overhead_ms", "host_base_ms", "host_per_request_ms")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def config_options(args: argparse.Namespace) -> dict:
+    """SimConfig fields the run arguments set (everything but profile, concurrency, policy and
+    the request count)."""
+    return dict(seed=args.seed, steps_per_octave=args.steps_per_octave,
+                draft_at_prefill=not args.no_draft_at_prefill, host_cost=not args.no_host_cost,
+                overlap=not args.no_overlap)
+
+
+def describe_costs(args: argparse.Namespace) -> str:
+    """The cost model and loop a report was run with, in words."""
+    if args.cost_table:
+        name = args.cost_table
+        host = "host from the file's table, if any"
+    else:
+        model = RooflineCostModel(**roofline_overrides(args))
+        name = model.name
+        host = f"host {model.host_base_ms:g} + {model.host_per_request_ms:.4g}·N ms per step"
+    if args.no_host_cost:
+        return f"{name}; no host time"
+    return f"{name}; {host}, {'added to' if args.no_overlap else 'overlapped with'} device time"
 
 
 def run_task(args):
@@ -332,15 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write every run's metrics as JSON")
     args = parser.parse_args(argv)
 
-    overrides = {}
-    if args.target_overhead_ms is not None:
-        overrides["target_overhead_ms"] = args.target_overhead_ms
-    if args.draft_overhead_ms is not None:
-        overrides["draft_overhead_ms"] = args.draft_overhead_ms
+    overrides = roofline_overrides(args)
     if args.write_cost_table:
         model = RooflineCostModel(**overrides)
         target, draft = profile_tables(model, geometric_buckets(4096))
-        TableCostModel(target=target, draft=draft).save(args.write_cost_table)
+        host = None if args.no_host_cost else profile_host(model, range(1, 1025))
+        TableCostModel(target=target, draft=draft, host=host).save(args.write_cost_table)
         return 0
     if args.cost_model == "table" and not args.cost_table:
         parser.error("--cost-model table needs --cost-table PATH")
@@ -361,8 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in policies:
                 config = SimConfig(profile=profile, concurrency=c, policy=name,
                                    num_requests=args.requests or default_requests(c),
-                                   seed=args.seed, steps_per_octave=args.steps_per_octave,
-                                   draft_at_prefill=not args.no_draft_at_prefill)
+                                   **config_options(args))
                 tasks.append((config, cost_path, overrides))
     # Longest runs (low concurrency: most steps) first keeps the workers evenly loaded.
     tasks.sort(key=lambda t: t[0].concurrency)
@@ -373,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results = [run_task(t) for t in tasks]
     wall = time.perf_counter() - start
-    cost_name = cost_path or RooflineCostModel(**overrides).name
+    cost_name = describe_costs(args)
     command = "python -m lightspec_jax.planner.sim.simulate " + " ".join(
         argv if argv is not None else sys.argv[1:])
     print(format_report(results, cost_name=cost_name, command=command.strip(), wall_s=wall,

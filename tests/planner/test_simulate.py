@@ -5,8 +5,11 @@ import json
 import numpy as np
 import pytest
 
+from lightspec_jax.planner import PlannerSpec
 from lightspec_jax.planner.sim import simulate
-from lightspec_jax.planner.sim.costmodel import RooflineCostModel, TableCostModel, profile_tables
+from lightspec_jax.planner.sim.costmodel import (RooflineCostModel, TableCostModel, profile_host,
+                                                 profile_tables)
+from lightspec_jax.planner.sim.oracle import Oracle
 from lightspec_jax.planner.sim.simulate import SimConfig, _fill, run
 
 
@@ -25,8 +28,14 @@ def test_fill_breaks_ties_by_request_order():
     assert _fill(conf, np.ones(3, bool), 2, 2).tolist() == [1, 1, 0]
 
 
-@pytest.mark.parametrize("policy", ["static-3", "dynamic", "dspark", "oracle"])
-def test_every_requested_token_is_produced_exactly_once(policy):
+def test_fill_never_verifies_past_a_request_end():
+    conf = np.full((3, 4), 0.9)
+    # remaining 1: the bonus is all it may emit; remaining 3: two drafts at most
+    assert _fill(conf, np.ones(3, bool), 4, 12, np.array([1, 3, 9])).tolist() == [0, 2, 4]
+
+
+@pytest.mark.parametrize("policy", ["static-3", "static-11", "dynamic", "dspark", "oracle"])
+def test_every_requested_token_is_produced_exactly_once_and_none_past_an_end(policy):
     config = SimConfig(profile="code", concurrency=8, policy=policy, num_requests=24)
     trace = []
     result = run(config, trace=trace)
@@ -34,10 +43,78 @@ def test_every_requested_token_is_produced_exactly_once(policy):
     produced = sum(t["committed"] + t["admitted"] for t in trace)
     assert produced == outputs.sum()
     assert result.output_tokens <= produced
+    assert result.wasted_tokens == 0
     for t in trace:
         assert t["n"] <= t["fill"] <= t["bucket"]
         assert t["fill"] == t["n"] + t["verified"].sum()
         assert (t["accept"] <= t["verified"] + 1).all()
+        assert (t["verified"] <= t["remaining"] - 1).all()  # no row past the end
+        assert t["committed"] == t["accept"].sum()  # so nothing accepted is dropped
+
+
+def test_a_floor_step_leaves_no_proposal_for_the_next():
+    # Verify rows priced at 1/100 of an H200's FLOPs: a draft row costs more than it commits,
+    # so the dynamic planner takes the floor (depth 0), probes and the cold start aside.
+    cost = RooflineCostModel(flops_per_ms=RooflineCostModel().flops_per_ms / 100)
+    trace = []
+    run(SimConfig(profile="chat", concurrency=16, policy="dynamic", num_requests=32,
+                  host_cost=False), cost, trace=trace)
+    floors = [i for i, t in enumerate(trace[:-1]) if t["draft_depth"] == 0]
+    assert len(floors) > len(trace) / 2
+    for i in floors:
+        assert trace[i + 1]["m"] == 0 and trace[i + 1]["verified"].sum() == 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_host_bound_steps_cost_their_host_time(overlap):
+    # host(N) = 200 ms dwarfs any device step: with overlap the wall is the host's, without it
+    # device + host; the planner, told so, treats extra rows and depth as free.
+    cost = RooflineCostModel(host_base_ms=200.0)
+    config = SimConfig(profile="math", concurrency=4, policy="dynamic", num_requests=8,
+                       overlap=overlap)
+    trace = []
+    result = run(config, cost, trace=trace)
+    for t in trace:
+        assert t["host_ms"] > t["device_ms"]
+        expected = t["host_ms"] if overlap else t["host_ms"] + t["device_ms"]
+        assert t["step_ms"] == pytest.approx(expected)
+    assert result.host_bound_steps == result.steps
+    if overlap:  # free rows: the planner drafts deep and verifies everything it drafted
+        assert result.draft_depth_sum / result.steps > 8
+    off_trace = []
+    off = run(SimConfig(profile="math", concurrency=4, policy="dynamic", num_requests=8,
+                        host_cost=False), cost, trace=off_trace)
+    assert off.host_bound_steps == 0 and all(t["host_ms"] == 0 for t in off_trace)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_oracle_step_is_at_least_as_good_as_any_policy_step(overlap):
+    # By construction, per step: any policy that verifies bucket B after drafting depth d
+    # commits at most min(B, N + sum(min(accepted, d))) tokens at that (d, B)'s wall time; the
+    # oracle maximises tokens / ms over the same (d, B) on its first step (no rate yet).
+    spec = PlannerSpec(verify_buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48), draft_depths=(1, 2,
+                       3, 4, 5), max_depth=5, floor=True)
+    cost = RooflineCostModel(host_base_ms=3.0, host_per_request_ms=0.5)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n = int(rng.integers(1, 9))
+        accepted = rng.integers(0, 6, n)
+        context = float(rng.integers(0, 5000))
+        depth, bucket, verified = Oracle(spec, cost, overlap=overlap).choose(accepted,
+                                                                            context=context)
+
+        def rate(d, b):
+            device = (cost.target_ms(b, context, n) + cost.draft_ms(b, context, n)
+                      + max(d - 1, 0) * cost.draft_ms(spec.bucket_for(n), context, n))
+            host = cost.host_ms(n)
+            ms = max(device, host) if overlap else device + host
+            return min(b, n + int(np.minimum(accepted, d).sum())) / ms
+
+        assert (verified <= np.minimum(accepted, depth)).all()
+        best_policy = max(rate(d, b) for d in spec.choices for b in spec.verify_buckets
+                          if b >= n)
+        assert rate(depth, bucket) >= best_policy * (1 - 1e-12)
+        assert n + verified.sum() == min(bucket, n + int(np.minimum(accepted, depth).sum()))
 
 
 def test_oracle_bounds_the_planners():
@@ -72,6 +149,9 @@ def test_roofline_profile_round_trips_through_a_table_file(tmp_path):
     bad.write_text(json.dumps({"target": {"1": 1.0}}))
     with pytest.raises(ValueError, match="draft"):
         TableCostModel.load(bad)
+    assert loaded.host_ms(64) == 0.0  # a file without a host table: no host time
+    TableCostModel(target=target, draft=draft, host=profile_host(model, range(1, 9))).save(path)
+    assert TableCostModel.load(path).host_ms(4) == pytest.approx(model.host_ms(4))
 
 
 def test_cli_help_and_a_small_run(tmp_path, capsys):
