@@ -8,7 +8,16 @@ committed token (lightspec-algorithm.md §5-6; ModelTC/LightLLM `mtp_speculative
 * stage 2 (next depth): d minimising min_u' J(N, u', d) over all allowed d with u' up to the
   full width N(d+1). It does not depend on stage 1, so a shallow proposal cannot trap the
   planner at low depth; ties go to the smaller d;
-* cold start: full width and the deepest depth until costs and a progress sample exist.
+* cold start: full width and the deepest depth until costs and a progress sample exist
+  (a moderate depth, at most 3, while there are no costs at all).
+
+Additions for serving (ours): a step is priced at its wall time - device time and the host
+time the loop does not hide (objective.StepCosts) - so a host-bound regime makes rows and
+depth free; a request's remaining allowance caps what the fill may verify and the next depth
+may propose (`remaining`), and censored requests stay out of the survival; the floor, depth 0,
+is a choice when the engine offers it (PlannerSpec.floor), taken only when it beats the best
+speculative depth by `floor_margin`, since it forfeits the next step's proposal; statistics
+are kept per sampling class (stats.py).
 
 Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
 planner trims or drafts shallow, deeper positions are verified only for confident requests or
