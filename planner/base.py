@@ -123,8 +123,7 @@ class BasePlanner:
                             verify_rows=0, draft_depth=self.spec.draft_depths[0],
                             update_stats=False, reason="empty")
         else:
-            self._full_rows = n + (m * d_prev if self._room is None else
-                                   min(m * d_prev, int(np.minimum(self._room, d_prev).sum())))
+            self._full_rows = min(n + m * d_prev, full_rows(n, d_prev, self._room))
             available = min(self._full_rows, self.spec.max_requests)
             plan = self._plan(n=n, m=m, d_prev=d_prev, available=available,
                               confidences=confidences)
@@ -193,15 +192,13 @@ class BasePlanner:
             if obs.draft_ms is not None and draft_parts:
                 measured.append((draft_parts, obs.draft_ms))
         for parts, ms in measured:
-            if not any(tables[name].is_empty for name, _, _ in parts):
-                # One sample moves its cells at most 2x toward itself: a step timed through a
-                # preemption on a shared machine would otherwise set a cell several-fold off,
-                # and the imputed cells around it with it. A real change still gets there, a
-                # factor 2 per sample, at the EMA's pace.
-                expected = sum(tables[name].estimate(key, context) * n for name, key, n in parts)
-                ms = min(max(ms, 0.5 * expected), 2.0 * expected)
+            # One sample moves its cells at most 2x toward itself: a step timed through a
+            # preemption on a shared machine would otherwise set a cell several-fold off, and
+            # the imputed cells around it with it. A real change still gets there, a factor 2
+            # per sample, at the EMA's pace.
             for name, key, per_forward in split_measured_ms(
-                    self.spec, tables, measured_ms=ms, parts=parts, context_len=context):
+                    self.spec, tables, measured_ms=ms, parts=parts, context_len=context,
+                    max_scale=2.0):
                 tables[name].update(key, per_forward, context)
 
     # ---- subclass hooks --------------------------------------------------------------------
@@ -225,6 +222,14 @@ class BasePlanner:
                         reason=reason, full_rows=self._full_rows,
                         predicted_ms=float(predicted_ms),
                         predicted_tokens=float(predicted_tokens))
+
+
+def full_rows(n: int, depth: int, room: np.ndarray | None) -> int:
+    """Rows of a full-width verify of a depth-`depth` proposal: N target rows and each
+    request's drafts up to its room ([N] drafts it can still use; None: no end in sight)."""
+    if room is None:
+        return n * (depth + 1)
+    return n + int(np.minimum(room, depth).sum())
 
 
 def _as_count(name: str, value) -> int:

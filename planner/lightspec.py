@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import BasePlanner
+from .base import BasePlanner, full_rows
 from .costs import CostTable
 from .objective import StepCosts, candidate_rows, first_best
 from .stats import ESTIMATORS, AcceptanceStats
@@ -154,7 +154,7 @@ class LightSpecPlanner(BasePlanner):
         """(u [C], step ms [C], tokens [C]) for every candidate at one proposal depth."""
         u, buckets = candidate_rows(self.spec, n, available)
         progress = self.stats.progress_many(n, u, depth, now=self.steps, room=room)  # [C]
-        tokens = np.clip(u * progress, n, _full_rows(n, depth, room))
+        tokens = np.clip(u * progress, n, full_rows(n, depth, room))
         return u, costs.step_ms(buckets, depth), tokens
 
     def _evaluate(self, costs: StepCosts, n: int, available: int, depth: int,
@@ -179,7 +179,7 @@ class LightSpecPlanner(BasePlanner):
         depths = np.asarray(self.spec.choices)  # [D]
         buckets = np.asarray(self.spec.verify_buckets)  # [all buckets]
         room = self._next_room()
-        full = np.minimum([_full_rows(n, int(d), room) for d in depths.tolist()],
+        full = np.minimum([full_rows(n, int(d), room) for d in depths.tolist()],
                           self.spec.max_requests)  # [D]
         lo = int(np.searchsorted(buckets, n, side="left"))
         hi = np.minimum(np.searchsorted(buckets, full, side="left"), len(buckets) - 1)  # [D]
@@ -194,9 +194,7 @@ class LightSpecPlanner(BasePlanner):
         for depth, value in zip(depths.tolist(), best_by_depth):
             if value < best_j * (1.0 - 1e-12):  # ties (to rounding) keep the smaller depth
                 best_depth, best_j = depth, value
-        if depths[0] == 0 and best_depth > 0:
-            return best_depth, best_j
-        if depths[0] == 0 and len(depths) > 1:
+        if best_depth == 0 and len(depths) > 1:
             # The floor also forfeits the next step's proposal (and what it would teach):
             # take it only when it is clearly cheaper than the best speculative choice.
             spec_depth = 1 + int(np.argmin(best_by_depth[1:]))
@@ -214,7 +212,7 @@ class LightSpecPlanner(BasePlanner):
         target = min(2 * best_depth + 1, depths[-1])
         probe = next(d for d in depths if d >= target)
         room = self._next_room()
-        full = min(_full_rows(n, probe, room), self.spec.max_requests)
+        full = min(full_rows(n, probe, room), self.spec.max_requests)
         _, step_ms, tokens = self._objective(costs, n, full, probe, room)
         # A probe still commits tokens; only what it costs beyond their going price is waste.
         extra = max(0.0, float(step_ms[-1]) - float(tokens[-1]) * best_j)
@@ -231,10 +229,3 @@ class LightSpecPlanner(BasePlanner):
                           verify_lens=obs.verify_lens, step=self.steps, full_width=full_width,
                           classes=obs.sampling_classes)
 
-
-def _full_rows(n: int, depth: int, room: np.ndarray | None) -> int:
-    """Rows of a full-width verify of a depth-`depth` proposal: N target rows and each
-    request's drafts up to its room."""
-    if room is None:
-        return n * (depth + 1)
-    return n + int(np.minimum(room, depth).sum())

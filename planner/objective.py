@@ -165,14 +165,15 @@ def draft_forwards(spec: PlannerSpec, *, num_requests: int, verify_rows: int, de
 
 
 def split_measured_ms(spec: PlannerSpec, tables: dict[str, CostTable], *, measured_ms: float,
-                      parts: list[tuple[str, int, int]], context_len: float | None
-                      ) -> list[tuple[str, int, float]]:
+                      parts: list[tuple[str, int, int]], context_len: float | None,
+                      max_scale: float | None = None) -> list[tuple[str, int, float]]:
     """Attribute one measured time to table cells in proportion to their current estimates.
 
     parts: [(table name, key, forwards)]; returns [(table name, key, ms of one forward)].
     A run timed as a whole (one event pair around several forwards) says nothing about how its
     time divides, so the split keeps the tables' current ratios and moves their scale to the
     measurement. If every table involved is empty the time is split evenly over the forwards.
+    max_scale: the split moves the estimates by at most this factor either way (None: any).
     """
     if any(tables[name].is_empty for name, _, _ in parts):
         forwards = sum(n for _, _, n in parts)
@@ -180,6 +181,8 @@ def split_measured_ms(spec: PlannerSpec, tables: dict[str, CostTable], *, measur
     guesses = [tables[name].estimate(key, context_len) for name, key, _ in parts]
     total = sum(g * n for g, (_, _, n) in zip(guesses, parts))
     scale = measured_ms / total
+    if max_scale is not None:
+        scale = min(max(scale, 1.0 / max_scale), max_scale)
     return [(name, key, g * scale) for g, (name, key, _) in zip(guesses, parts)]
 
 
