@@ -15,6 +15,7 @@ update the configuration that actually ran.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -143,7 +144,9 @@ class BasePlanner:
         if self.refresh_costs:
             self._refresh(obs, context)
         if plan.update_stats:
-            self._record(obs, accept)
+            sample = _learnable(obs, accept)
+            if sample is not None:
+                self._record(sample)
 
     def observe_host(self, *, num_requests: int, host_ms: float) -> None:
         """Fold the loop's measured host ms of a decode step with N requests (EMA by N)."""
@@ -207,21 +210,70 @@ class BasePlanner:
               confidences: np.ndarray | None) -> StepPlan:
         raise NotImplementedError
 
-    def _record(self, obs: StepObservation, accept: np.ndarray) -> None:
+    def _record(self, sample: Sample) -> None:
         """Statistics update for an eligible step; planners without statistics ignore it."""
 
     # ---- helpers ---------------------------------------------------------------------------
 
     def _make(self, *, n: int, m: int, d_prev: int, fill: int, depth: int, reason: str,
               predicted_ms: float = math.nan, predicted_tokens: float = math.nan) -> StepPlan:
-        # A step teaches something only if every request had a proposal to verify (the skip
-        # rule: a new request's lone target row would dilute the sample) and there was one.
+        # A step teaches something only if some request had a proposal to verify; the sample
+        # is those requests alone (_learnable).
         return StepPlan(num_requests=n, num_with_proposal=m, verified_depth=d_prev,
                         fill_rows=int(fill), verify_rows=self.spec.bucket_for(int(fill)),
-                        draft_depth=int(depth), update_stats=(m == n and d_prev > 0),
+                        draft_depth=int(depth), update_stats=(m > 0 and d_prev > 0),
                         reason=reason, full_rows=self._full_rows,
                         predicted_ms=float(predicted_ms),
                         predicted_tokens=float(predicted_tokens))
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Sample:
+    """What the statistics learn from one step: the requests that held a proposal.
+
+    A request admitted since the last step verifies only its target row (the skip rule of
+    LightLLM's planner drops the whole step for it). The device's fill gives such a request
+    exactly that one row and spreads the rest over the others by survival, as it would for
+    them alone, so those others are an exact (N', u', d) step: N' of them over u' = u - (N - N')
+    rows.
+    """
+
+    num_requests: int  # N'
+    fill_rows: int  # u'
+    depth: int  # d_prev, the depth of the proposal verified
+    accept_lens: np.ndarray  # [N'] bonus included
+    verify_lens: np.ndarray | None  # [N'] rows verified per request, its target row included
+    classes: np.ndarray | None  # [N'] sampling classes
+    full_width: bool | None  # every usable draft verified (None: judge by N'(d + 1))
+
+
+def _learnable(obs: StepObservation, accept: np.ndarray) -> Sample | None:
+    """The proposal holders of an observed step (obs.had_proposal), or None if there are none
+    or a mixed step does not say which requests they were."""
+    plan = obs.plan
+    n = plan.num_requests
+    held = obs.had_proposal
+    if held is None:
+        if plan.num_with_proposal < n:
+            return None
+        held = np.ones(n, bool)
+    held = np.asarray(held, dtype=bool)
+    if held.shape != (n,):
+        raise ValueError(f"had_proposal must be [N] = ({n},) bools, got shape {held.shape}")
+    k = int(held.sum())
+    if k == 0:
+        return None
+
+    def pick(x):
+        return None if x is None else np.asarray(x)[held]
+
+    # A request that ended on the device before the step (the engine then reports fewer than
+    # the plan's) took no row either, but the others cannot use more than a full width.
+    fill = min(plan.fill_rows - (n - k), k * (plan.verified_depth + 1))
+    return Sample(num_requests=k, fill_rows=fill, depth=plan.verified_depth,
+                  accept_lens=accept[held], verify_lens=pick(obs.verify_lens),
+                  classes=pick(obs.sampling_classes),
+                  full_width=None if plan.full_rows == 0 else plan.fill_rows >= plan.full_rows)
 
 
 def full_rows(n: int, depth: int, room: np.ndarray | None) -> int:

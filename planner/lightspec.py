@@ -38,11 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import BasePlanner, full_rows
+from .base import BasePlanner, Sample, full_rows
 from .costs import CostTable
 from .objective import StepCosts, candidate_rows, first_best
 from .stats import ESTIMATORS, AcceptanceStats
-from .types import PlannerSpec, StepObservation, StepPlan
+from .types import PlannerSpec, StepPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,11 +221,8 @@ class LightSpecPlanner(BasePlanner):
 
     # ---- statistics ------------------------------------------------------------------------
 
-    def _record(self, obs: StepObservation, accept: np.ndarray) -> None:
-        plan = obs.plan
-        full_width = None if plan.full_rows == 0 else plan.fill_rows >= plan.full_rows
-        self.stats.record(num_requests=plan.num_requests, fill_rows=plan.fill_rows,
-                          depth=plan.verified_depth, accept_lens=accept,
-                          verify_lens=obs.verify_lens, step=self.steps, full_width=full_width,
-                          classes=obs.sampling_classes)
-
+    def _record(self, sample: Sample) -> None:
+        self.stats.record(num_requests=sample.num_requests, fill_rows=sample.fill_rows,
+                          depth=sample.depth, accept_lens=sample.accept_lens,
+                          verify_lens=sample.verify_lens, step=self.steps,
+                          full_width=sample.full_width, classes=sample.classes)

@@ -137,7 +137,7 @@ class StepPlan:
     fill_rows: int  # u: N <= u <= N + M*d_prev (0 for an empty step)
     verify_rows: int  # B: smallest compiled bucket >= u (0 for an empty step)
     draft_depth: int  # d: depth to draft after this verify
-    update_stats: bool  # False for mixed steps (M < N) and steps with nothing to learn from
+    update_stats: bool  # False for steps with no proposal to learn from (M = 0 or d_prev = 0)
     reason: str  # "empty" | "cold" | "plan" | "probe" | "static" | "capacity"
     # Rows a full-width verify of this proposal fills: N + each request's drafts, cut at its
     # remaining allowance (0: N(d_prev + 1), no ends known).
@@ -177,6 +177,11 @@ class StepObservation:
       interpolation estimator, and for consistency checks.
     sampling_classes: [N] the requests' sampling classes (as given to plan()), so greedy and
       sampled requests, or different temperatures, keep separate statistics.
+    had_proposal: [N] bool, the requests that held a proposal (M of them); statistics learn from
+      these alone. A request admitted since the last step verifies only its target row, which
+      says nothing about acceptance. None: a step planned with M = N, or a mixed step (M < N)
+      that cannot say which requests held one, which then teaches nothing - under continuous
+      batching at high concurrency nearly every step admits someone, so an engine should say.
     """
 
     plan: StepPlan
@@ -188,3 +193,4 @@ class StepObservation:
     draft_plan: StepPlan | None = None
     verify_lens: np.ndarray | None = None
     sampling_classes: np.ndarray | None = None
+    had_proposal: np.ndarray | None = None

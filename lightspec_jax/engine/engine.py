@@ -380,7 +380,8 @@ class Engine:
         t.accepted += int(accepted.sum())
         if self.planner is not None:
             step_ms = None
-            if self.config.refresh_costs:
+            if self.config.refresh_costs and not flight.prefill_rows:
+                # A step with prompt chunks times them too: not a decode bucket's cost.
                 step_ms = device_interval_ms(
                     previous_ready=self._last_ready, previous_waited=self._last_waited,
                     busy_at_enqueue=flight.busy_at_enqueue, waited=waited, ready=ready)
@@ -390,12 +391,13 @@ class Engine:
             if len(accepted):
                 started = time.perf_counter()
                 seen = plan
-                if len(accepted) != plan.num_requests:  # a request ended on the device
-                    seen = dataclasses.replace(plan, num_requests=len(accepted),
-                                               update_stats=False)
+                if len(accepted) != plan.num_requests:
+                    # A request ended on the device before this step (the host had not read
+                    # it yet): inactive, it took no row, so the others are this step.
+                    seen = dataclasses.replace(plan, num_requests=len(accepted))
                 self.planner.observe(StepObservation(
                     plan=seen, accept_lens=np.minimum(accepted, plan.verified_depth) + 1,
-                    verify_lens=verified + 1,
+                    verify_lens=verified + 1, had_proposal=readback[live, c.offered] > 0,
                     sampling_classes=self.scheduler.acceptance_class[live],
                     context_len=flight.context_len, step_ms=step_ms,
                     draft_plan=seen if step_ms is not None else None))

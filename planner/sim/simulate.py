@@ -265,7 +265,8 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         if planner is not None:
             pending = StepObservation(plan=plan, accept_lens=accept, target_ms=target_ms,
                                       draft_ms=draft_ms, context_len=int(context),
-                                      verify_lens=verified + 1)
+                                      verify_lens=verified + 1,
+                                      had_proposal=has_proposal[idx].copy())
             # The engine refreshes host costs from decode-only steps (prefill changes the work).
             pending_host = (n, host_ms) if config.host_cost and not free.size else None
             stale_conf = conf  # DSpark-style reads last step's confidences (host lag)

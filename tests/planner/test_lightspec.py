@@ -41,10 +41,11 @@ def test_cold_start_verifies_full_width_at_full_depth():
         assert plan.reason == "cold"
 
 
-@pytest.mark.parametrize("with_proposal, rows, learn", [(0, 2, False), (1, 5, False),
+@pytest.mark.parametrize("with_proposal, rows, learn", [(0, 2, False), (1, 5, True),
                                                         (2, 8, True)])
 def test_cold_start_with_new_requests(with_proposal, rows, learn):
-    # §13.4: 0, 1 or 2 of 2 requests with proposals -> B = 2, 5, 8; the first two are mixed
+    # §13.4: 0, 1 or 2 of 2 requests with proposals -> B = 2, 5, 8; a step learns from the
+    # requests that held one (none: nothing to learn)
     p = planner(spec())
     warm(p)
     plan = p.plan(num_requests=2, num_with_proposal=with_proposal)
@@ -130,8 +131,9 @@ def test_shallow_proposal_recovers_to_a_deeper_draft():
     assert plan.draft_depth == 3
 
 
-def test_mixed_batch_updates_nothing_and_empty_batch_plans_nothing():
-    # §13.11
+def test_mixed_batch_learns_only_when_told_who_held_a_proposal():
+    # §13.11: a mixed step (M < N) that does not say which requests held a proposal teaches
+    # nothing; the empty batch plans nothing
     p = planner(spec())
     warm(p)
     mixed = p.plan(num_requests=2, num_with_proposal=1)
@@ -140,6 +142,27 @@ def test_mixed_batch_updates_nothing_and_empty_batch_plans_nothing():
     empty = p.plan(num_requests=0)
     assert (empty.verify_rows, empty.fill_rows, empty.draft_depth) == (0, 0, 1)
     observe(p, empty, np.zeros(0, dtype=int))
+
+
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_mixed_step_teaches_what_its_proposal_holders_would_alone(where):
+    # Under continuous batching most steps admit someone. The new request's lone target row is
+    # left out: the statistics equal those of a step of the two holders alone, at any position.
+    mixed, alone = planner(spec()), planner(spec())
+    warm(mixed, n=3), warm(alone, n=2)
+    held = np.ones(3, bool)
+    held[where] = False
+    plan = mixed.plan(num_requests=3, num_with_proposal=2)
+    assert plan.update_stats and plan.fill_rows == 3 + 2 * 3
+    accept = np.insert(np.array([4, 2]), where, 1)
+    verify = np.insert(np.array([4, 4]), where, 1)
+    observe(mixed, plan, accept, verify_lens=verify, had_proposal=held)
+    observe(alone, alone.plan(num_requests=2), [4, 2], verify_lens=np.array([4, 4]))
+    assert mixed.stats.entry(2, 8, 3) == alone.stats.entry(2, 8, 3) == (0.75, 1)
+    np.testing.assert_array_equal(mixed.stats.survival, alone.stats.survival)
+    assert mixed.stats.survival[1:].tolist() == [1.0, 0.5, 0.5]
+    with pytest.raises(ValueError, match="had_proposal"):
+        observe(mixed, plan, accept, had_proposal=held[:2])
 
 
 def test_overlapped_calls_learn_from_the_executed_plan():
