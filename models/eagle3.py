@@ -165,20 +165,20 @@ class Eagle3(nnx.Module):
         x = features.astype(self.dtype) @ self.fc[...]
         return x if self.fc_bias is None else x + self.fc_bias[...]
 
-    def __call__(self, tokens: jax.Array, hidden: jax.Array, positions: jax.Array,
-                 slots: jax.Array, cache: KVCache, *, embed: jax.Array | None,
-                 from_features: bool, logits_rows: jax.Array | None = None) -> Eagle3Output:
-        """One draft step over flat rows.
+    def write_cache(self, tokens: jax.Array, hidden: jax.Array, positions: jax.Array,
+                    slots: jax.Array, cache: KVCache, *, embed: jax.Array | None) -> KVCache:
+        """The cache writes of a from-features forward (`__call__`) alone: each row's K/V at
+        (slot, position), the same values, without attention, MLP or logits. One layer whose
+        K/V depend only on the row's own inputs makes this exact and cheap (about a fifth of
+        the forward): the engine's floor step keeps the drafter current with it."""
+        cfg = self.config
+        _, _, z = self._inputs(tokens, hidden, embed=embed, from_features=True)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)  # [T, D]
+        k, v = self._keys_values(z, cos, sin)
+        return KVCache(*write_kv(cache.k, cache.v, 0, slots, positions, k, v))
 
-        tokens, positions, slots: [T] int32; tokens are TARGET vocab ids (padding rows use
-        slot = N: their K/V writes are dropped). hidden: [T, A*Ht] target features when
-        from_features (step 0, goes through fc), else [T, H] the previous step's `state`.
-        embed: the target's [V, H] embedding, or None to use this drafter's own.
-        Each row writes its K/V at (slot, position) of the 1-layer cache and attends causally to
-        its slot, so step-0 chunks and chained draft steps share one code path.
-        logits_rows: optional [R] row indices; logits and state are then returned for those rows
-        only (the engine needs them at each slot's accepted tail, not at every verify row).
-        """
+    def _inputs(self, tokens, hidden, *, embed, from_features):
+        """(x [T, H] the row's state, h [T, H] its norm, z [T, 2H] the attention input)."""
         cfg = self.config
         want = cfg.feature_size if from_features else cfg.hidden_size
         if hidden.ndim != 2 or hidden.shape[-1] != want or hidden.shape[0] != tokens.shape[0]:
@@ -194,19 +194,44 @@ class Eagle3(nnx.Module):
         p = self.layer
         eps = cfg.rms_norm_eps
         dtype = self.dtype
-
         x = self.project_features(hidden) if from_features else hidden.astype(dtype)  # [T, H]
         e = rms_norm(embed[tokens].astype(dtype), p.input_layernorm[...], eps)  # [T, H]
         h = rms_norm(x, p.hidden_norm[...], eps)  # [T, H]
-        z = jnp.concatenate([e, h], axis=-1)  # [T, 2H], embedding first
-        q = jnp.einsum("tc,cqd->tqd", z, p.q_proj[...])  # [T, Q, D]
+        return x, h, jnp.concatenate([e, h], axis=-1)  # z: embedding first
+
+    def _keys_values(self, z, cos, sin):
+        """K (normed, rotated) and V [T, G, D] of attention inputs z [T, 2H]."""
+        cfg, p = self.config, self.layer
         k = jnp.einsum("tc,cgd->tgd", z, p.k_proj[...])  # [T, G, D]
         v = jnp.einsum("tc,cgd->tgd", z, p.v_proj[...])  # [T, G, D]
         if cfg.qk_norm:
+            k = rms_norm(k, p.k_norm[...], cfg.rms_norm_eps)
+        return apply_rope(k, cos, sin), v
+
+    def __call__(self, tokens: jax.Array, hidden: jax.Array, positions: jax.Array,
+                 slots: jax.Array, cache: KVCache, *, embed: jax.Array | None,
+                 from_features: bool, logits_rows: jax.Array | None = None) -> Eagle3Output:
+        """One draft step over flat rows.
+
+        tokens, positions, slots: [T] int32; tokens are TARGET vocab ids (padding rows use
+        slot = N: their K/V writes are dropped). hidden: [T, A*Ht] target features when
+        from_features (step 0, goes through fc), else [T, H] the previous step's `state`.
+        embed: the target's [V, H] embedding, or None to use this drafter's own.
+        Each row writes its K/V at (slot, position) of the 1-layer cache and attends causally to
+        its slot, so step-0 chunks and chained draft steps share one code path.
+        logits_rows: optional [R] row indices; logits and state are then returned for those rows
+        only (the engine needs them at each slot's accepted tail, not at every verify row).
+        """
+        cfg = self.config
+        p = self.layer
+        eps = cfg.rms_norm_eps
+        x, h, z = self._inputs(tokens, hidden, embed=embed, from_features=from_features)
+        q = jnp.einsum("tc,cqd->tqd", z, p.q_proj[...])  # [T, Q, D]
+        if cfg.qk_norm:
             q = rms_norm(q, p.q_norm[...], eps)
-            k = rms_norm(k, p.k_norm[...], eps)
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)  # [T, D]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)  # [T, D]
+        q = apply_rope(q, cos, sin)
+        k, v = self._keys_values(z, cos, sin)
         ck, cv = write_kv(cache.k, cache.v, 0, slots, positions, k, v)
         attn = verify_attention(q, ck, cv, slots, positions, layer=0)  # [T, Q, D]
 

@@ -137,25 +137,27 @@ class StepCosts:
         return device_ms + self.host_ms
 
     def step_ms(self, buckets: np.ndarray, depth: int) -> np.ndarray:
-        """Wall ms of a verify of each bucket plus the following draft run ([C] -> [C])."""
-        t = np.array([self.target_by_bucket[b] + self.draft_by_bucket[b]
-                      for b in buckets.tolist()])
-        return self.wall(t + self.depth_ms(depth))
+        """Wall ms of a verify of each bucket plus the following draft run ([C] -> [C]).
+        At depth 0, the floor, the drafter runs no forward (it only writes its cache)."""
+        return self.step_ms_grid(buckets, np.array([depth]))[0]
 
     def step_ms_grid(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """step_ms for every (depth, bucket) pair: [D] x [C] -> [D, C] ms."""
-        t = np.array([self.target_by_bucket[b] + self.draft_by_bucket[b]
-                      for b in buckets.tolist()])
-        tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])
-        return self.wall(tail[:, None] + t[None, :])
+        keys = buckets.tolist()
+        verify = np.array([self.target_by_bucket[b] for b in keys])  # [C]
+        first = np.array([self.draft_by_bucket[b] for b in keys])  # [C]
+        drafts = (depths > 0)[:, None]  # [D, 1]
+        tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])  # [D]
+        return self.wall(verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0))
 
 
 def draft_forwards(spec: PlannerSpec, *, num_requests: int, verify_rows: int, depth: int,
                     with_stage: bool) -> list[tuple[str, int, int]]:
     """The draft run as table cells: [(table, key, forwards)], table "draft" or "depth".
-    At depth 0 (the floor) only the first forward runs: the drafting stage costs nothing."""
+    At depth 0 (the floor) the drafter runs no forward: nothing (its cache writes are priced
+    inside the verify)."""
     if depth == 0:
-        return [("draft", verify_rows, 1)]
+        return []
     if with_stage:
         return [("draft", verify_rows, 1), ("depth", depth, 1)]
     if spec.drafter_kind is DrafterKind.PARALLEL:

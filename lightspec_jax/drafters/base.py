@@ -8,7 +8,8 @@ probability for each (the confidence the fill and the planner use).
 
 Two stages, both inside the engine's one decode executable per verify bucket B: `commit`
 over the B verified rows, then `draft` for a runtime depth d (a bounded loop), so the engine
-compiles |B| executables, not |B| x |d|.
+compiles |B| executables, not |B| x |d|. At depth 0 (the planner's floor) both give way to
+`keep_current`, the commit's cache writes alone.
 
 Axis legend: T rows, N slots, F target feature width, d draft depth.
 """
@@ -69,6 +70,13 @@ class Drafter(abc.ABC):
         stepped [N]: slots that verified this step (others' drafts are ignored). Compiled per
         verify bucket B; `carry` holds whatever per-slot state drafting continues from.
         """
+
+    @abc.abstractmethod
+    def keep_current(self, param_leaves, cache, rows: DraftRows, *,
+                     target_embed: jax.Array) -> Any:
+        """The cache writes of `commit` over the verify rows, without drafting: the step at
+        the planner's floor (draft depth 0) keeps the drafter's cache exactly as a drafting
+        step would, so speculation resumes from a current drafter. Returns the new cache."""
 
     @abc.abstractmethod
     def draft(self, param_leaves, cache, carry, *, depth: jax.Array, max_depth: int,

@@ -51,13 +51,16 @@ class DraftLMDrafter(Drafter):
 
     def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, bonus, new_seq_len,
                stepped, target_embed):
-        model = self.module(param_leaves)
         num_slots = bonus.shape[0]
-        # The verify rows' inputs, so the accepted prefix is in the draft model's cache.
-        cache = model(rows.token, rows.position, rows.slot, cache,
-                      logits_rows=jnp.zeros((1,), jnp.int32)).cache
+        cache = self.keep_current(param_leaves, cache, rows, target_embed=target_embed)
         slots = jnp.where(stepped, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
         return cache, (bonus, new_seq_len, slots)
+
+    def keep_current(self, param_leaves, cache, rows: DraftRows, *, target_embed):
+        # The verify rows' inputs, so the accepted prefix is in the draft model's cache: a
+        # forward through every layer (each layer's K/V need the one below), logits of one row.
+        return self.module(param_leaves)(rows.token, rows.position, rows.slot, cache,
+                                         logits_rows=jnp.zeros((1,), jnp.int32)).cache
 
     def draft(self, param_leaves, cache, carry, *, depth, max_depth, target_embed):
         model = self.module(param_leaves)

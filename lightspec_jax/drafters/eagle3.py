@@ -53,6 +53,13 @@ class Eagle3Drafter(Drafter):
         slots = jnp.where(stepped, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
         return out.cache, (model.draft_to_target(draft), conf, out.state, new_seq_len, slots)
 
+    def keep_current(self, param_leaves, cache, rows: DraftRows, *, target_embed):
+        # One layer: a row's K/V follow from its own inputs, so the writes cost a fraction
+        # of the forward (no attention, MLP or draft logits).
+        return self.module(param_leaves).write_cache(
+            rows.next_token, rows.hidden, rows.position, rows.slot, cache,
+            embed=self._embed(target_embed))
+
     def draft(self, param_leaves, cache, carry, *, depth, max_depth, target_embed):
         model = self.module(param_leaves)
         embed = self._embed(target_embed)

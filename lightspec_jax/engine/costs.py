@@ -1,12 +1,14 @@
 """The bucket sweep: time the compiled decode step per verify bucket and per draft depth to
 seed the planner's cost tables.
 
-The decode step is one executable (verify, the drafter's commit forward and drafting fused),
-so the sweep times what the engine runs: every bucket B at depth 0 with all slots active and
-full proposals at a fixed context (how the step cost follows B at fixed N), and the bucket
-holding N at each depth d (what drafting d tokens adds). The planner's tables split a step
-into target(B) + draft(B) + stage(d); the commit forward is timed inside target(B), so the
-draft table holds a 1 us placeholder per bucket (the planner needs a positive cell).
+The decode step is one executable (verify, the drafter's commit forward and drafting fused;
+at depth 0 the drafter only writes its cache), so the sweep times what the engine runs: every
+bucket B at depth 0 with all slots active and full proposals at a fixed context (the verify,
+how the step cost follows B at fixed N), and the bucket holding N at each depth d, each
+against a depth-0 twin. The planner prices a step as target(B) + draft(B) + stage(d), the
+last two only when it drafts: draft(B) is the commit forward over B rows (with the first
+draft token), timed at N's bucket as depth 1 less depth 0 and scaled by B (a forward's cost
+follows its rows), and stage(d) what drafting d tokens adds beyond depth 1.
 
 Each cost is the fastest of `repeats` timed runs after a warm-up run, each on a fresh copy
 of the synthetic state: interference from other work on the machine only ever adds time, so
@@ -34,16 +36,16 @@ _PLACEHOLDER_MS = 1e-3
 
 @dataclasses.dataclass(frozen=True)
 class CostProfile:
-    target: CostTable  # decode step ms at depth 0 by rows B
-    draft: CostTable  # placeholder (the commit forward is inside `target`)
-    draft_depth_ms: dict[int, float]  # what drafting d tokens adds, ms by depth d
+    target: CostTable  # decode step ms at depth 0 by rows B (the verify)
+    draft: CostTable  # the drafter's commit forward over B rows, ms by B
+    draft_depth_ms: dict[int, float]  # what drafting d tokens adds beyond depth 1, ms by d
     depth: CostTable  # the same as a table keyed by depth d
     context_per_request: int
     num_slots: int
 
     def summary(self) -> dict:
         return {"verify_ms": {b: self.target.estimate(b) for b in self.target.rows},
-                "draft_commit_ms": {b: 0.0 for b in self.target.rows},
+                "draft_commit_ms": {b: self.draft.estimate(b) for b in self.draft.rows},
                 "draft_depth_ms": self.draft_depth_ms,
                 "context_per_request": self.context_per_request, "num_slots": self.num_slots}
 
@@ -64,8 +66,9 @@ class CostProfile:
 
 
 # Bumped when the sweep measures differently, so tables from an older method are not reused
-# (2: each depth timed interleaved with its depth-0 twin).
-SWEEP_VERSION = 2
+# (2: each depth timed interleaved with its depth-0 twin; 3: the floor step writes only the
+# drafter's cache, and the commit forward is priced apart from the verify).
+SWEEP_VERSION = 3
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -128,22 +131,24 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     n = runner.num_slots
     sizes = runner.decode_registry.sizes
     home = runner.decode_registry.pick(n)  # the bucket of one row per slot
+    depths = tuple(sorted(set(depths) | {1}))  # depth 1 splits the commit from the stage
     # A depth's price is a difference of two timings at the home bucket, so each is timed
     # interleaved with its own depth-0 twin.
     work = [(b, (0,)) for b in sizes] + [(home, (0, d)) for d in depths]
-    ms, base = {}, {}
+    ms, added = {}, {}
     for rows, pair in tqdm(work, desc="profiling decode buckets", disable=not show_progress,
                            leave=False):
         timed = _time_decode(runner, rows, pair, context=context, repeats=repeats)
         ms[rows, pair[-1]] = timed[-1]
         if len(pair) == 2:
-            base[pair[1]] = timed[0]
+            added[pair[1]] = timed[1] - timed[0]  # what drafting d adds to the floor step
     runner.state = SlotState.empty(n, runner.max_depth)
     # Drafting never costs less than nothing: a negative difference is timing noise.
-    depth_ms = {d: max(ms[home, d] - base[d], _PLACEHOLDER_MS) for d in depths}
+    commit = max(added[1], _PLACEHOLDER_MS)  # the commit forward over `home` rows
+    depth_ms = {d: max(added[d] - added[1], _PLACEHOLDER_MS) for d in depths}
     total_context = n * context
     return CostProfile(target=CostTable({b: ms[b, 0] for b in sizes}, context_len=total_context),
-                       draft=CostTable({b: _PLACEHOLDER_MS for b in sizes},
+                       draft=CostTable({b: commit * b / home for b in sizes},
                                        context_len=total_context),
                        draft_depth_ms=depth_ms,
                        # each depth re-reads the context: scale, not shift, across contexts

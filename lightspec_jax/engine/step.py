@@ -10,7 +10,8 @@ One decode step, all on the device, in one executable per verify bucket B:
     commit   seq_len += accepted + 1; stop ids and the allowance cut what is emitted and end
              requests on the device (pallas_kernels.commit)
     draft    the drafter's forward over the verified rows, then `depth` draft tokens per slot,
-             `depth` a runtime argument (a bounded loop), so one executable serves every depth
+             `depth` a runtime argument (a bounded loop), so one executable serves every depth;
+             at depth 0, the planner's floor, only the drafter's cache writes for these rows
 
 Plain decoding is the same step without a drafter: no proposal, one row per active slot.
 Axis legend: N slots, K max draft depth, B verify rows, T prefill rows, C completing prompts,
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 from lightspec_jax.models import KVCache, Qwen3
 from lightspec_jax.pallas_kernels import commit, fill
 
-from ..drafters import Drafter, DraftRows
+from ..drafters import Drafter, DraftRows, Proposal
 from ..sampling import sample
 from .batch import PrefillInputs, SlotState, pack_readback
 
@@ -118,11 +119,20 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
         embed = target.embed[...]
         rows = DraftRows(token=row_token, next_token=target_tokens, hidden=out.aux_hidden,
                          position=row_pos, slot=layout.row_slot)
-        dcache, carry = drafter.commit(d_leaves, dcache, rows, tail_row=done.tail_row,
-                                       bonus=done.new_last_token, new_seq_len=done.new_seq_len,
-                                       stepped=goes_on, target_embed=embed)
-        dcache, proposal = drafter.draft(d_leaves, dcache, carry, depth=depth, max_depth=k,
-                                         target_embed=embed)
+
+        def drafting(dcache):
+            dcache, carry = drafter.commit(d_leaves, dcache, rows, tail_row=done.tail_row,
+                                           bonus=done.new_last_token,
+                                           new_seq_len=done.new_seq_len, stepped=goes_on,
+                                           target_embed=embed)
+            return drafter.draft(d_leaves, dcache, carry, depth=depth, max_depth=k,
+                                 target_embed=embed)
+
+        def floor(dcache):  # depth 0: the drafter's cache writes alone, no proposal
+            return (drafter.keep_current(d_leaves, dcache, rows, target_embed=embed),
+                    Proposal(tokens=state.draft_tokens, confidence=state.draft_conf))
+
+        dcache, proposal = jax.lax.cond(depth > 0, drafting, floor, dcache)
         keep = goes_on[:, None]
         state = state._replace(
             draft_tokens=jnp.where(keep, proposal.tokens, state.draft_tokens),

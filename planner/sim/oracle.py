@@ -13,8 +13,8 @@ It is a per-step hindsight bound, not a proof of optimality.
 It models what the planners face: a step's price is its wall time, max(device, host) with an
 overlapped loop and device + host without (objective.StepCosts.wall); requests near their end
 cannot use drafts past their allowance (the caller caps `accepted`); and depth 0, the floor,
-is a choice when the spec offers it (a verify of one row per request and the drafter's first
-forward only, as the simulator charges it).
+is a choice when the spec offers it (a verify of one row per request and no drafter forward,
+as the simulator charges it: the engine's floor step only writes the drafter's cache).
 """
 
 from __future__ import annotations
@@ -49,16 +49,17 @@ class Oracle:
         lam = self.tokens / self.ms if self.ms > 0 else None
         tail = self.cost.draft_ms(n_bucket, context, n)
         host = self.cost.host_ms(n) if self.host else 0.0
-        base = {}  # bucket -> target + first draft forward, ms
+        verify, first = {}, {}  # bucket -> target ms, first draft forward ms
         best = None
         for depth in spec.choices:
             rows = min(n + int(np.minimum(accepted, depth).sum()), spec.max_requests)
             hi = int(np.searchsorted(buckets, rows))
             for b in buckets[lo:hi + 1].tolist():
                 tokens = min(b, rows)
-                if b not in base:
-                    base[b] = self.cost.target_ms(b, context, n) + self.cost.draft_ms(b, context, n)
-                device = base[b] + max(depth - 1, 0) * tail
+                if b not in verify:
+                    verify[b] = self.cost.target_ms(b, context, n)
+                    first[b] = self.cost.draft_ms(b, context, n)
+                device = verify[b] + (first[b] + (depth - 1) * tail if depth > 0 else 0.0)
                 ms = max(device, host) if self.overlap else device + host
                 score = tokens - lam * ms if lam is not None else tokens / ms
                 if best is None or score > best[0]:

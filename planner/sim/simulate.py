@@ -21,8 +21,8 @@ infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrenc
   commit   accept_len = min(accepted, verified) + 1; `wasted_tokens` counts any committed past
            the request's output length (none, by the cut: the metric is a check)
   cost     device: target(bucket) + the draft run at the next depth (its first forward over the
-           bucket, then one forward over N per further depth; depth 0, the floor, runs the first
-           forward only) + prefill; host: host_ms(N). The step's wall time is max(device, host)
+           bucket, then one forward over N per further depth; depth 0, the floor, runs none:
+           the engine's floor step only writes the drafter's cache) + prefill; host: host_ms(N). The step's wall time is max(device, host)
            (overlapped loop) or device + host (`--no-overlap`); `--no-host-cost` sets host to 0.
            2% log-normal noise on each measured time; the planners see these times: target and
            draft through observe(), host through observe_host() (on decode-only steps, as the
@@ -254,8 +254,10 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         noise = np.exp(config.timing_noise * rng.standard_normal(2))
         n_bucket = spec.bucket_for(n)
         target_ms = cost.target_ms(bucket, context, n) * noise[0]
-        draft_ms = (cost.draft_ms(bucket, context, n)
-                    + max(draft_depth - 1, 0) * cost.draft_ms(n_bucket, context, n)) * noise[1]
+        draft_ms = 0.0  # the floor (depth 0) runs no drafter forward
+        if draft_depth > 0:
+            draft_ms = (cost.draft_ms(bucket, context, n)
+                        + (draft_depth - 1) * cost.draft_ms(n_bucket, context, n)) * noise[1]
         host_ms = 0.0
         if config.host_cost:
             host_ms = cost.host_ms(n) * float(np.exp(config.timing_noise

@@ -295,6 +295,27 @@ def test_matches_reference_over_chunked_step0_and_chained_steps(target, drafter)
             last[s] = (np.asarray(out.state[i]), want_state, want_logits, positions[i])
 
 
+def test_cache_writes_alone_equal_the_forwards(target, drafter):
+    """write_cache (the engine's floor step) leaves the cache exactly as a from-features
+    forward over the same rows does, padding rows included (their writes are dropped)."""
+    target_model, _ = target
+    _, model = drafter
+    embed = None if model.embed is not None else target_model.embed[...]
+    rng = np.random.default_rng(1)
+    rows = 6
+    tokens = jnp.asarray(rng.integers(0, 256, size=rows), jnp.int32)
+    feats = jnp.asarray(rng.standard_normal((rows, model.config.feature_size)), jnp.float32)
+    slots = jnp.asarray([0, 0, 2, 1, NUM_SLOTS, 2], jnp.int32)
+    positions = jnp.asarray([3, 4, 0, 7, 0, 1], jnp.int32)
+    start = model.new_cache(num_slots=NUM_SLOTS, max_len=16)
+    start = type(start)(*(x + 0.5 for x in start))  # earlier contents, not zeros
+    full = model(tokens, feats, positions, slots, start, embed=embed, from_features=True).cache
+    alone = model.write_cache(tokens, feats, positions, slots, start, embed=embed)
+    for got, want in zip(alone, full):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert not np.array_equal(np.asarray(alone.k), np.asarray(start.k))  # it wrote
+
+
 def test_draft_vocab_maps_to_target_ids(drafter):
     directory, model = drafter
     d2t = load_file(os.path.join(directory, "model.safetensors"))["d2t"]

@@ -352,12 +352,14 @@ def test_stage_two_searches_every_depth_like_the_per_depth_loop():
                 assert got_depth == want
 
 
-def test_floor_costs_no_drafting_stage_and_host_time_hides_under_overlap():
+def test_floor_costs_no_drafter_forward_and_host_time_hides_under_overlap():
+    # The floor verifies and writes the drafter's cache (inside the verify's price): no
+    # commit forward, no drafting stage.
     from lightspec_jax.planner.objective import StepCosts
     s = spec(k=3, buckets=(4, 8, 16))
     target, draft = CostTable({4: 5.0, 8: 9.0, 16: 17.0}), CostTable({4: 0.1, 8: 0.1, 16: 0.1})
     depth = CostTable({1: 0.5, 2: 1.0, 3: 1.5})
-    for overlap, host, floor_ms in ((True, 2.0, 5.1), (True, 8.0, 8.0), (False, 2.0, 7.1)):
+    for overlap, host, floor_ms in ((True, 2.0, 5.0), (True, 8.0, 8.0), (False, 2.0, 7.0)):
         costs = StepCosts.price(s, target, draft, num_requests=4, context_len=None,
                                 depth_costs=depth, host_costs=CostTable({4: host}),
                                 overlap=overlap)
@@ -405,16 +407,19 @@ def test_request_ends_cap_the_fill_and_the_next_depth():
     assert p.stats.survival[4] == pytest.approx(1.0)
 
 
-def test_floor_needs_a_margin_over_depth_one():
-    """Priced the same as a depth-1 proposal verified at one row per request (a drafter whose
-    first token comes with its commit forward, like Eagle3), the floor loses the tie: it
-    would forfeit the next step's proposal for nothing."""
+@pytest.mark.parametrize("commit_ms, depth", [(0.01, 1), (0.2, 0)])
+def test_floor_needs_a_margin_over_depth_one(commit_ms, depth):
+    """Nothing accepted: a depth-1 proposal (its first token comes with the commit forward,
+    as Eagle3's) verified at one row per request costs the floor plus the commit forward.
+    Within the 2% margin the floor loses (it would forfeit the next step's proposal for
+    nothing); past it, it wins."""
     s = PlannerSpec(verify_buckets=tuple(range(1, 33)), draft_depths=(1, 2, 3), max_depth=3,
                     floor=True)
     p = make_planner("dynamic", s, target_costs=CostTable({b: 1.0 + 0.2 * b for b in range(1, 33)}),
-                     draft_costs=CostTable({b: 0.05 for b in range(1, 33)}), explore_fraction=0.0)
+                     draft_costs=CostTable({b: commit_ms for b in range(1, 33)}),
+                     explore_fraction=0.0)
     warm(p, n=4)
     for _ in range(10):
         plan = p.plan(num_requests=4)
         observe(p, plan, np.ones(4, int))
-    assert p.plan(num_requests=4).draft_depth == 1
+    assert p.plan(num_requests=4).draft_depth == depth

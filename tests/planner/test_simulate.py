@@ -53,29 +53,25 @@ def test_every_requested_token_is_produced_exactly_once_and_none_past_an_end(pol
         assert t["committed"] == t["accept"].sum()  # so nothing accepted is dropped
 
 
-def test_a_floor_step_leaves_no_proposal_for_the_next(monkeypatch):
-    # Verify rows priced at 1/100 of an H200's FLOPs: a draft row costs more than it commits,
-    # so the dynamic planner verifies one row per request in most steps. In this cost model the
-    # floor costs what a depth-1 proposal verified that way costs, so with its margin the
-    # planner keeps depth 1 (a free proposal); with a negative margin it takes the floor, and a
-    # floor step leaves the next step no proposal.
+def test_a_floor_step_leaves_no_proposal_for_the_next():
+    # Verify rows priced at 1/100 of an H200's FLOPs: a draft row costs more than it commits.
+    # The floor runs no drafter forward, so it is cheaper than any speculative step and the
+    # dynamic planner takes it in most steps; a floor step leaves the next step no proposal.
     cost = RooflineCostModel(flops_per_ms=RooflineCostModel().flops_per_ms / 100)
     config = SimConfig(profile="chat", concurrency=16, policy="dynamic", num_requests=32,
                        host_cost=False)
-    trace = []
-    run(config, cost, trace=trace)
-    bare = [t for t in trace if t["m"] == t["n"] and t["verified"].sum() == 0]
-    assert len(bare) > len(trace) / 2
-    assert not any(t["draft_depth"] == 0 for t in trace)
-    dynamic = simulate.POLICIES["dynamic"]
-    monkeypatch.setitem(simulate.POLICIES, "dynamic", dataclasses.replace(
-        dynamic, options=dynamic.options + (("floor_margin", -0.01),)))
     trace = []
     run(config, cost, trace=trace)
     floors = [i for i, t in enumerate(trace[:-1]) if t["draft_depth"] == 0]
     assert len(floors) > len(trace) / 2
     for i in floors:
         assert trace[i + 1]["m"] == 0 and trace[i + 1]["verified"].sum() == 0
+    # Without the floor the same planner keeps a proposal and verifies none of it mostly.
+    trace = []
+    run(dataclasses.replace(config, policy="dynamic-no-floor"), cost, trace=trace)
+    assert not any(t["draft_depth"] == 0 for t in trace)
+    bare = [t for t in trace if t["m"] == t["n"] and t["verified"].sum() == 0]
+    assert len(bare) > len(trace) / 2
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -41,13 +41,13 @@ def test_late_failing_drafter_drives_the_budget_down(late_engine, plain_engine):
     assert [o.token_ids[:70] for o in outs] == [o.token_ids for o in ref]
     steps = [s for s in late_engine.stats.steps if s.num_requests == 4]
     # Before position 40 every draft is accepted: verify wide, draft deep. From 40 on nothing
-    # is: one row per request and the shallowest draft are cheapest per committed token (the
-    # floor costs the same here - these tables price no drafting stage - so it loses the tie).
+    # is: one row per request and no drafting, the floor, are cheapest per committed token
+    # (it saves the drafter's commit forward, 5% of a step here, past the floor's 2% margin).
     early, late = steps[2:8], steps[-10:]
     assert np.median([s.verify_rows for s in early]) >= 16
     assert np.median([s.draft_depth for s in early]) >= 3
     assert np.median([s.verify_rows for s in late]) == 4
-    assert np.median([s.draft_depth for s in late]) == 1
+    assert np.median([s.draft_depth for s in late]) == 0
     assert sum(s.accepted for s in late) == 0
 
 

@@ -77,3 +77,23 @@ def test_speculation_resumes_at_full_acceptance_after_the_floor(copy_engine, pla
     for s in after[:3]:
         assert s.accepted == s.used_rows - s.num_requests, (s, shape)
 
+
+
+def test_eagle3_floor_runs_stay_lossless(spec_engines, plain_engine):
+    """The Eagle3 floor path (the drafter writes its cache alone, models/eagle3.write_cache,
+    whose writes equal the forward's: tests/models/test_eagle3.py) inside the fused step:
+    floor runs of random lengths between drafting steps of random depths, lossless."""
+    engine = spec_engines("eagle3_k5")
+    rng = np.random.default_rng(5)
+    depths = rng.choice([0, 0, 0, 1, 3, 5], size=200)
+    prompts = [[int(t) for t in rng.integers(2, 200, size=n)] for n in (3, 9, 5, 14, 2)]
+    saved = engine.planner
+    try:
+        outs, steps = run(engine, lambda call: int(depths[call % len(depths)]), prompts,
+                          max_tokens=30)
+    finally:
+        engine.planner = saved
+    ref = plain_engine.generate(prompts, SamplingParams(max_tokens=30, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    drafted = [s.draft_depth for s in steps if s.num_requests]
+    assert drafted.count(0) > 5 and max(drafted) > 0, drafted
