@@ -41,13 +41,15 @@ def verify_buckets(max_rows: int) -> tuple[int, ...]:
 
 
 def concurrency_buckets(concurrency: int, depth: int) -> tuple[int, ...]:
-    """Verify buckets for `concurrency` slots up to full width: c x (1, 1.5, 2, 3, 4, 6, 8, ...).
+    """Verify buckets for `concurrency` slots up to full width:
+    c x (1/4, 1/2, 1, 1.5, 2, 3, 4, 6, 8, 12) and c (K + 1).
 
-    Fewer buckets than `verify_buckets` when the concurrency is known: nothing below one row
-    per request."""
+    Fewer buckets than `verify_buckets` when the concurrency is known. The two below one row
+    per request serve the steps with fewer requests in flight - while requests are admitted
+    and prefilled, and as the last ones drain - which would otherwise pay for c rows."""
     top = concurrency * (depth + 1)
     sizes = {top}
-    for factor in (1, 1.5, 2, 3, 4, 6, 8, 12):
+    for factor in (0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8, 12):
         rows = int(concurrency * factor)
         if 1 <= rows < top:
             sizes.add(rows)
