@@ -72,7 +72,8 @@ def make_engine(args, *, policy: str, depth: int, concurrency: int, max_model_le
                           max_num_batched_tokens=max(256, concurrency),
                           verify_buckets=concurrency_buckets(concurrency, depth),
                           overlap=overlap, cost_cache_dir=None, show_progress=False)
-    engine = Engine.from_pretrained(args.target, args.drafter, config=config)
+    drafter = None if policy == "none" else args.drafter
+    engine = Engine.from_pretrained(args.target, drafter, config=config)
     if planner_options and policy == "dynamic":
         _replace_planner(engine, planner_options)
     return engine
@@ -454,7 +455,7 @@ def run(args) -> int:
                 wall = time.perf_counter() - start
                 tokens = sum(len(o.token_ids) for o in outs)
                 st = [r for r in clock.records if r.verify_rows > 0]
-                m = [o.metrics for o in outs]
+                m = [o.metrics for o in outs if o.metrics is not None]
                 acc_len = 1 + sum(x.accepted for x in m) / max(sum(x.steps for x in m), 1)
                 committed = sum(x.accepted + x.num_requests for x in st)
                 emitted = sum(x.emitted for x in st)

@@ -29,7 +29,9 @@ def test_device_interval_needs_a_device_busy_from_read_to_read():
 def test_refreshed_cells_stay_near_the_sweep(spec_engines):
     """The earlier refresh timed host loop intervals and subtracted an estimated draft time,
     clamping at 1e-3 ms: cells fell to ~0 and the planner verified everything. A refreshed cell
-    is now a share of a measured device interval, so it stays the size of the swept cost."""
+    is now a share of a measured device interval, so it stays the size of the swept cost:
+    within an order of magnitude of it (a loaded CPU moves a tiny model's times several-fold
+    between the sweep and serving; the old failure was three orders)."""
     engine = spec_engines("dynamic_k4")
     planner = engine.planner
     sweep = {k: _reference_column(t.to_json()) for k, t in
@@ -42,7 +44,7 @@ def test_refreshed_cells_stay_near_the_sweep(spec_engines):
         table = getattr(planner, f"{name}_costs").to_json()
         for column in table["columns"]:
             for rows, ms in column["rows"].items():
-                assert ms > 0.25 * reference[rows], (name, column["context_len"], rows, ms)
+                assert ms > 0.1 * reference[rows], (name, column["context_len"], rows, ms)
 
 
 def _reference_column(table: dict) -> dict:
