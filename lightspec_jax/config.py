@@ -168,6 +168,14 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def sample_mode(self) -> int:
+        """The lightspec_jax.sampling.SampleMode this request needs: 0 greedy, 1 a draw at a
+        temperature, 2 a draw after top-k / top-p (the device branches on no value of it)."""
+        if self.greedy:
+            return 0
+        return 2 if (self.top_k > 0 or self.top_p < 1.0) else 1
+
+    @property
     def acceptance_class(self) -> int:
         """Requests that draft-accept alike share a class, for the planner's statistics: 0 is
         greedy, 1-8 are temperature bands 0.25 wide (the last holds T >= 1.75)."""

@@ -1,7 +1,10 @@
 """Token sampling on the device: greedy, temperature, top-k, top-p, per-request seeds.
 
 Everything is per row, so requests with different parameters share one batch, and nothing
-syncs with the host. The random key of a row is derived from (request seed, position of the
+syncs with the host: what a batch needs (argmax only, a draw, or a draw after top-k/top-p) is a
+static `SampleMode` the host picks from its requests' parameters, not a device-side branch -
+on a GPU a `lax.cond` reads its predicate back to the host, which stalls the dispatch of the
+whole step until the device reaches it. The random key of a row is derived from (request seed, position of the
 token being sampled): the same request samples the same token at the same position whatever
 it is batched with, and a speculative verify row samples exactly the token that plain decoding
 would have sampled there, which keeps exact-match verification lossless at any temperature.
@@ -9,8 +12,20 @@ would have sampled there, which keeps exact-match verification lossless at any t
 
 from __future__ import annotations
 
+import enum
+
 import jax
 import jax.numpy as jnp
+
+
+class SampleMode(enum.IntEnum):
+    """What a batch's rows need, in increasing cost; a mode serves every row of a lower one
+    with the same token (a greedy row is its argmax in every mode, filtering keeps every token
+    of a row with top_k = 0 and top_p = 1)."""
+
+    GREEDY = 0  # every row greedy: argmax only
+    DRAW = 1  # some row samples at a temperature, none filters
+    FILTER = 2  # some row samples with top-k or top-p
 
 
 def _sortable_key(x: jax.Array) -> jax.Array:
@@ -60,22 +75,20 @@ def row_keys(seed: jax.Array, position: jax.Array) -> jax.Array:
 
 
 def sample(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
-           seed: jax.Array, position: jax.Array) -> jax.Array:
+           seed: jax.Array, position: jax.Array, mode: SampleMode = SampleMode.FILTER
+           ) -> jax.Array:
     """Draws one token per row of logits [R, V] (fp32) -> [R] int32.
 
     temperature [R] (0 = greedy argmax), top_k [R], top_p [R], seed [R] uint32, position [R]:
-    the sequence position of the token being sampled (for the key).
+    the sequence position of the token being sampled (for the key). mode (static): the
+    cheapest SampleMode that covers every row that matters (the default covers all).
     """
-    greedy = temperature <= 0.0
     argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    def draw(logits):
-        scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
-        filtering = jnp.any(~greedy & ((top_k > 0) | (top_p < 1.0)))
-        masked = jax.lax.cond(filtering, lambda x: filter_logits(x, top_k, top_p),
-                              lambda x: x, scaled)
-        drawn = jax.vmap(jax.random.categorical)(row_keys(seed, position), masked)
-        return jnp.where(greedy, argmax, drawn).astype(jnp.int32)
-
-    # The common all-greedy batch skips filtering and the random draw altogether.
-    return jax.lax.cond(jnp.all(greedy), lambda x: argmax, draw, logits)
+    if mode == SampleMode.GREEDY:
+        return argmax
+    greedy = temperature <= 0.0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+    if mode == SampleMode.FILTER:
+        scaled = filter_logits(scaled, top_k, top_p)
+    drawn = jax.vmap(jax.random.categorical)(row_keys(seed, position), scaled)
+    return jnp.where(greedy, argmax, drawn).astype(jnp.int32)

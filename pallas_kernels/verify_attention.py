@@ -62,6 +62,9 @@ def _check_args(q, k_cache, v_cache, row_slot, row_pos, layer) -> None:
                          f"to match q {q.shape}")
 
 
+REFERENCE_LOOP_SCOPE = "verify_attention_reference_blocks"
+
+
 def verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, *, layer=None,
                                block: int = 128):
     """Plain-jnp attention, read blockwise with an online softmax (the CPU engine's path).
@@ -112,7 +115,10 @@ def verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, *, layer=
     init = (jnp.full(stats_shape, _MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32),
             jnp.zeros((*stats_shape, head_dim), jnp.float32))
     num_blocks = jnp.max(pos, initial=0) // block + 1
-    _, denom, acc = lax.fori_loop(0, num_blocks, read_block, init)
+    # The one loop with a traced trip count in the engine's steps (the CPU path: the kernel's
+    # loop runs inside its program); the scope names it for tests/spec/test_step_structure.py.
+    with jax.named_scope(REFERENCE_LOOP_SCOPE):
+        _, denom, acc = lax.fori_loop(0, num_blocks, read_block, init)
     out = acc / denom[..., None]
     return out.reshape(num_rows, num_q, head_dim).astype(q.dtype)
 

@@ -55,8 +55,8 @@ class PlannerSpec:
     draft_depths: depths the drafter may run, each in 1..max_depth. A parallel drafter always
       drafts its whole block: draft_depths must be (max_depth,).
     floor: the engine can also run depth 0, a step that drafts nothing (its next step verifies
-      one row per request) while its drafter stays current (the engine's fused step runs the
-      drafter's commit forward at every depth): the no-speculation floor, priced like any depth.
+      one row per request) while its drafter stays current (the engine's verify step writes the
+      drafter's cache at every depth): the no-speculation floor, priced like any depth.
     block_size: rows per request of one parallel-drafter forward (DFlash block); None for an
       autoregressive drafter. Defaults to max_depth for a parallel drafter.
     """

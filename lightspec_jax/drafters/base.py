@@ -6,10 +6,13 @@ so it is known on the device right after verification - and returns the next pro
 slot that stepped: `depth` draft tokens (target vocabulary ids) with the drafter's top-1
 probability for each (the confidence the fill and the planner use).
 
-Two stages, both inside the engine's one decode executable per verify bucket B: `commit`
-over the B verified rows, then `draft` for a runtime depth d (a bounded loop), so the engine
-compiles |B| executables, not |B| x |d|. At depth 0 (the planner's floor) both give way to
-`keep_current`, the commit's cache writes alone.
+Two stages in two executables, so that neither holds device-side control flow (on a GPU a
+`lax.cond` or a loop with a traced trip count reads a predicate back to the host, stalling
+the dispatch until the device gets there): `commit` inside the verify step of each bucket B
+writes the drafter's cache for the verified rows and keeps what drafting starts from, every
+step; `draft` for a static depth d, one executable per depth, runs only when the planner
+drafts. So the engine compiles |B| + |d| executables, not |B| x |d|, and the planner's floor
+(depth 0) is the verify step alone.
 
 Axis legend: T rows, N slots, F target feature width, d draft depth.
 """
@@ -61,28 +64,18 @@ class Drafter(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row: jax.Array,
-               bonus: jax.Array, new_seq_len: jax.Array, stepped: jax.Array,
-               target_embed: jax.Array) -> tuple[Any, Any]:
-        """Commit forward over the verify rows; returns (cache, carry) for `draft`.
-
-        tail_row [N]: the verify row of each slot's bonus token (its last accepted row);
-        bonus [N]: the bonus token, the slot's new last token, at position new_seq_len [N];
-        stepped [N]: slots that verified this step (others' drafts are ignored). Compiled per
-        verify bucket B; `carry` holds whatever per-slot state drafting continues from.
-        """
+               target_embed: jax.Array) -> Any:
+        """The drafter's cache writes for the B verify rows, plus what `draft` starts from at
+        each slot's tail row (kept in the cache). tail_row [N]: the verify row of each slot's
+        bonus token (its last accepted row). Returns the new cache."""
 
     @abc.abstractmethod
-    def keep_current(self, param_leaves, cache, rows: DraftRows, *,
-                     target_embed: jax.Array) -> Any:
-        """The cache writes of `commit` over the verify rows, without drafting: the step at
-        the planner's floor (draft depth 0) keeps the drafter's cache exactly as a drafting
-        step would, so speculation resumes from a current drafter. Returns the new cache."""
-
-    @abc.abstractmethod
-    def draft(self, param_leaves, cache, carry, *, depth: jax.Array, max_depth: int,
+    def draft(self, param_leaves, cache, *, last_token: jax.Array, seq_len: jax.Array,
+              drafting: jax.Array, depth: int, max_depth: int,
               target_embed: jax.Array) -> tuple[Any, Proposal]:
-        """Drafts `depth` (a traced scalar, 0..max_depth) tokens per slot from `carry`;
-        returns the proposal [N, max_depth] (see `chain`)."""
+        """Drafts `depth` (static, 1..max_depth) tokens for each slot with `drafting` [N],
+        after its bonus token last_token [N] at position seq_len [N] (the committed length);
+        returns (cache, proposal [N, max_depth], zero past depth; see `chain`)."""
 
 
 def top1(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -92,16 +85,18 @@ def top1(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     return token, jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
 
 
-def chain(step, carry, token: jax.Array, *, depth: jax.Array, max_depth: int,
+def chain(step, carry, token: jax.Array, *, depth: int, max_depth: int,
           first: tuple[jax.Array, jax.Array] | None = None) -> tuple[Any, Proposal]:
-    """Runs a recurrent drafter for a runtime `depth` (0 <= depth <= max_depth) in a bounded
-    loop: one executable serves every depth and its cost follows the depth actually run.
+    """Runs a recurrent drafter for a static `depth` (1 <= depth <= max_depth): a loop whose
+    trip count the compiler knows, so the device runs it without asking the host.
 
     step(carry, token [N], k) -> (carry, next [N], conf [N]) drafts token k from the one
-    before it. With `first` = (tokens [N], conf [N]) draft 0 is already known (Eagle3 gets it
-    from its commit forward) and the loop starts at k = 1 from it; otherwise at k = 0 from
-    `token`. Returns the final carry and the proposal [N, max_depth], zero past `depth`.
+    before it. With `first` = (tokens [N], conf [N]) draft 0 is already known and the loop
+    starts at k = 1 from it; otherwise at k = 0 from `token`. Returns the final carry and the
+    proposal [N, max_depth], zero past `depth`.
     """
+    if not 1 <= depth <= max_depth:
+        raise ValueError(f"depth must be in [1, {max_depth}], got {depth}")
     n = token.shape[0]
     tokens = jnp.zeros((n, max_depth), jnp.int32)  # [N, K]
     conf = jnp.zeros((n, max_depth), jnp.float32)  # [N, K]
@@ -118,5 +113,4 @@ def chain(step, carry, token: jax.Array, *, depth: jax.Array, max_depth: int,
                 conf.at[:, k].set(c.astype(jnp.float32)))
 
     carry, _, tokens, conf = jax.lax.fori_loop(start, depth, body, (carry, token, tokens, conf))
-    keep = jnp.arange(max_depth)[None, :] < depth  # [1, K]
-    return carry, Proposal(jnp.where(keep, tokens, 0), jnp.where(keep, conf, 0.0))
+    return carry, Proposal(tokens, conf)

@@ -49,33 +49,29 @@ class DraftLMDrafter(Drafter):
                     logits_rows=jnp.zeros((1,), jnp.int32))
         return out.cache
 
-    def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, bonus, new_seq_len,
-               stepped, target_embed):
-        num_slots = bonus.shape[0]
-        cache = self.keep_current(param_leaves, cache, rows, target_embed=target_embed)
-        slots = jnp.where(stepped, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
-        return cache, (bonus, new_seq_len, slots)
-
-    def keep_current(self, param_leaves, cache, rows: DraftRows, *, target_embed):
+    def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, target_embed):
         # The verify rows' inputs, so the accepted prefix is in the draft model's cache: a
         # forward through every layer (each layer's K/V need the one below), logits of one row.
+        # Drafting starts from the bonus token, which the slot state holds: nothing to keep.
         return self.module(param_leaves)(rows.token, rows.position, rows.slot, cache,
                                          logits_rows=jnp.zeros((1,), jnp.int32)).cache
 
-    def draft(self, param_leaves, cache, carry, *, depth, max_depth, target_embed):
+    def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
+              target_embed):
         model = self.module(param_leaves)
-        bonus, new_seq_len, slots = carry
+        num_slots = last_token.shape[0]
+        slots = jnp.where(drafting, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
 
         def step(cache, token, k):
-            # Feed the token at new_seq_len + k (k = 0 is the bonus), predict the one after.
-            position = new_seq_len + k
+            # Feed the token at seq_len + k (k = 0 is the bonus), predict the one after.
+            position = seq_len + k
             out = model(token, position, slots, cache)
             draft, conf = self._draw(out.logits, position + 1, slots)
             return out.cache, self._corrupt(draft, position + 1, slots), conf
 
-        # Drafted tokens' cache entries lie at or past new_seq_len: the next commit forward
-        # overwrites them with the verified tokens.
-        return chain(step, cache, bonus, depth=depth, max_depth=max_depth)
+        # Drafted tokens' cache entries lie at or past seq_len: the next commit overwrites
+        # them with the verified tokens.
+        return chain(step, cache, last_token, depth=depth, max_depth=max_depth)
 
     def _keys(self, slots, position, stream: int):
         base = jax.random.fold_in(jax.random.key(self.seed), stream)

@@ -1,7 +1,7 @@
 """The engine core: one model runner for plain and speculative decoding.
 
 Follow one step through: engine.py (the loop) -> scheduler.py (admission, chunks, and the
-only code that changes a request) -> runner.py (dispatch) -> step.py (the fused device step)
+only code that changes a request) -> runner.py (dispatch) -> step.py (the device steps)
 -> the drafter (drafters/) and the planner (planner/). batch.py holds the device-resident
 per-slot state, buckets.py every bucket size, costs.py the bucket sweep, verifier.py how
 drafts are accepted.

@@ -40,6 +40,7 @@ class SlotState(NamedTuple):
     draft_tokens: jax.Array  # [N, K] i32: the current proposal (first proposal_len valid)
     draft_conf: jax.Array  # [N, K] f32: the drafter's probability of each drafted token
     proposal_len: jax.Array  # [N] i32
+    drafting: jax.Array  # [N] bool: slots the draft step after this verify proposes for
 
     @classmethod
     def empty(cls, num_slots: int, max_depth: int) -> "SlotState":
@@ -51,7 +52,7 @@ class SlotState(NamedTuple):
                    top_p=jnp.ones((n,), jnp.float32), seed=zeros(jnp.uint32),
                    stop_ids=jnp.full((n, MAX_STOP_IDS), -1, jnp.int32),
                    draft_tokens=zeros(jnp.int32, k), draft_conf=zeros(jnp.float32, k),
-                   proposal_len=zeros(jnp.int32))
+                   proposal_len=zeros(jnp.int32), drafting=zeros(jnp.bool_))
 
 
 class SlotRows(NamedTuple):
@@ -91,7 +92,8 @@ def write_slots(state: SlotState, rows: SlotRows) -> SlotState:
         remaining=put(state.remaining, rows.remaining),
         temperature=put(state.temperature, rows.temperature), top_k=put(state.top_k, rows.top_k),
         top_p=put(state.top_p, rows.top_p), seed=put(state.seed, rows.seed),
-        stop_ids=put(state.stop_ids, rows.stop_ids), proposal_len=put(state.proposal_len, 0))
+        stop_ids=put(state.stop_ids, rows.stop_ids), proposal_len=put(state.proposal_len, 0),
+        drafting=put(state.drafting, False))
 
 
 class PrefillInputs(NamedTuple):

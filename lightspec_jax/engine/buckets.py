@@ -1,15 +1,19 @@
 """Bucket sizes, ahead-of-time compiled device steps looked up by bucket, and a recompile guard.
 
 Every bucket size of the engine comes from the generators here: prefill rows, verify rows
-(also the plain decode step's rows) and slot-write counts. Every device step is compiled at start-up with `jax.jit(f).lower(args).compile()`. The
-compiled executables cannot re-trace: a wrong shape raises TypeError. Anything else that
-compiles while serving (a stray jnp op on the host path, a pytree that changed structure) is
-caught by `CompileWatch`, which counts JAX's own compile events.
+(also the plain decode step's rows) and slot-write counts. Every device step is defined at
+start-up by its key, function and abstract arguments, and compiled with
+`jax.jit(f).lower(args).compile()`: at start-up, or (`lazy`) the first time it is called, for
+variants most runs never use (the sampling variants of a step). The compiled executables
+cannot re-trace: a wrong shape raises TypeError. Anything else that compiles while serving (a
+stray jnp op on the host path, a pytree that changed structure) is caught by `CompileWatch`,
+which counts JAX's own compile events, less those of a registry's own lazy compiles.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from typing import Any, Callable, Hashable, Iterable
@@ -18,6 +22,7 @@ import jax
 from jax import monitoring
 
 _COMPILE_EVENT_PREFIX = "/jax/core/compile/"
+log = logging.getLogger(__name__)
 
 
 def powers_of_two(top: int, *, start: int = 1, base: int = 2) -> tuple[int, ...]:
@@ -65,6 +70,7 @@ class _CompileCounter:
 
     def __init__(self):
         self.count = 0
+        self.declared = 0  # events of registries' lazy compiles (not serving-time surprises)
         self._lock = threading.Lock()
         monitoring.register_event_duration_secs_listener(self._on_event)
 
@@ -77,11 +83,22 @@ class _CompileCounter:
 _counter: _CompileCounter | None = None
 
 
-def compile_event_count() -> int:
+def _compile_counter() -> _CompileCounter:
     global _counter
     if _counter is None:
         _counter = _CompileCounter()
-    return _counter.count
+    return _counter
+
+
+def compile_event_count() -> int:
+    """JAX trace/compile events so far, less those of declared lazy compiles."""
+    counter = _compile_counter()
+    return counter.count - counter.declared
+
+
+def declared_compile_count() -> int:
+    """Events of the registries' lazy compiles so far."""
+    return _compile_counter().declared
 
 
 class CompileWatch:
@@ -108,12 +125,15 @@ class CompileWatch:
 
 
 class BucketRegistry:
-    """Compiled executables keyed by bucket; `pick(n)` rounds a row count up to a bucket."""
+    """Compiled executables keyed by bucket (or (bucket, variant)); `pick(n)` rounds a row
+    count up to a bucket. `define` records how to compile a key; `build` compiles it."""
 
     def __init__(self, name: str, sizes: Iterable[int]):
         self.name = name
         self.sizes = tuple(sorted(set(sizes)))
         self._compiled: dict[Hashable, Any] = {}
+        self._recipes: dict[Hashable, tuple] = {}  # key -> (fn, abstract args, jit kwargs)
+        self._lazy: set[Hashable] = set()
         self.compile_seconds = 0.0
 
     def pick(self, n: int) -> int:
@@ -123,21 +143,47 @@ class BucketRegistry:
                              f"{self.sizes[-1]} (buckets {self.sizes})")
         return self.sizes[i]
 
-    def compile(self, key: Hashable, fn: Callable, *abstract_args, **jit_kwargs) -> None:
+    def define(self, key: Hashable, fn: Callable, *abstract_args, lazy: bool = False,
+               **jit_kwargs) -> None:
+        """How to compile `key`; a `lazy` key compiles at its first call, others in `build`."""
+        self._recipes[key] = (fn, abstract_args, jit_kwargs)
+        if lazy:
+            self._lazy.add(key)
+
+    @property
+    def pending(self) -> list[Hashable]:
+        """Defined keys to compile at start-up (not lazy, not compiled yet)."""
+        return [k for k in self._recipes if k not in self._lazy and k not in self._compiled]
+
+    def build(self, key: Hashable) -> Any:
+        fn, abstract_args, jit_kwargs = self._recipes[key]
         start = time.perf_counter()
-        self._compiled[key] = jax.jit(fn, **jit_kwargs).lower(*abstract_args).compile()
+        executable = jax.jit(fn, **jit_kwargs).lower(*abstract_args).compile()
+        self._compiled[key] = executable
         self.compile_seconds += time.perf_counter() - start
+        return executable
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._compiled
 
     def __call__(self, key: Hashable, *args):
-        try:
-            executable = self._compiled[key]
-        except KeyError:
-            raise RecompileError(f"{self.name}: no compiled executable for bucket {key!r}; "
-                                 f"compiled: {sorted(self._compiled)}") from None
+        executable = self._compiled.get(key)
+        if executable is None:
+            executable = self._build_lazy(key)
         return executable(*args)
+
+    def _build_lazy(self, key: Hashable) -> Any:
+        if key not in self._lazy:
+            raise RecompileError(f"{self.name}: no compiled executable for {key!r}; "
+                                 f"compiled: {sorted(self._compiled, key=repr)}")
+        counter = _compile_counter()
+        before, start = counter.count, time.perf_counter()
+        executable = self.build(key)
+        with counter._lock:
+            counter.declared += counter.count - before
+        log.info("%s: compiled %r on first use in %.1f s", self.name, key,
+                 time.perf_counter() - start)
+        return executable
 
 
 def enable_compilation_cache(directory: str | None) -> None:

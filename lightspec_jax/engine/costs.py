@@ -1,14 +1,14 @@
 """The bucket sweep: time the compiled decode step per verify bucket and per draft depth to
 seed the planner's cost tables.
 
-The decode step is one executable (verify, the drafter's commit forward and drafting fused;
-at depth 0 the drafter only writes its cache), so the sweep times what the engine runs: every
-bucket B at depth 0 with all slots active and full proposals at a fixed context (the verify,
-how the step cost follows B at fixed N), and the bucket holding N at each depth d, each
-against a depth-0 twin. The planner prices a step as target(B) + draft(B) + stage(d), the
-last two only when it drafts: draft(B) is the commit forward over B rows (with the first
-draft token), timed at N's bucket as depth 1 less depth 0 and scaled by B (a forward's cost
-follows its rows), and stage(d) what drafting d tokens adds beyond depth 1.
+A decode step is the verify executable of its bucket B (which also writes the drafter's cache)
+and, unless the planner drafts nothing, the draft executable of its depth d, so the sweep
+times what the engine runs: every bucket B at depth 0 with all slots active and full
+proposals at a fixed context (the verify, how the step cost follows B at fixed N), and the
+bucket holding N at each depth d, each against a depth-0 twin. The planner prices a step as
+target(B) + draft(B) + stage(d), the last two only when it drafts: stage(d) is the draft
+step (depth d less depth 0, over the N slots), and draft(B), the part of drafting that
+follows B, is nil here: the verify step's drafter cache writes run at every depth.
 
 Each cost is the fastest of `repeats` timed runs after a warm-up run, each on a fresh copy
 of the synthetic state: interference from other work on the machine only ever adds time, so
@@ -37,8 +37,8 @@ _PLACEHOLDER_MS = 1e-3
 @dataclasses.dataclass(frozen=True)
 class CostProfile:
     target: CostTable  # decode step ms at depth 0 by rows B (the verify)
-    draft: CostTable  # the drafter's commit forward over B rows, ms by B
-    draft_depth_ms: dict[int, float]  # what drafting d tokens adds beyond depth 1, ms by d
+    draft: CostTable  # drafting's part that follows B, ms by B (nil: see above)
+    draft_depth_ms: dict[int, float]  # the draft step of depth d, ms by d
     depth: CostTable  # the same as a table keyed by depth d
     context_per_request: int
     num_slots: int
@@ -67,8 +67,9 @@ class CostProfile:
 
 # Bumped when the sweep measures differently, so tables from an older method are not reused
 # (2: each depth timed interleaved with its depth-0 twin; 3: the floor step writes only the
-# drafter's cache, and the commit forward is priced apart from the verify).
-SWEEP_VERSION = 3
+# drafter's cache, and the commit forward is priced apart from the verify; 4: drafting is its
+# own executable per depth, the verify step writes the drafter's cache at every depth).
+SWEEP_VERSION = 4
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -112,7 +113,7 @@ def _synthetic_state(runner: ModelRunner, context: int, active: int) -> SlotStat
 
 def _time_decode(runner: ModelRunner, rows: int, depths: tuple[int, ...], *, context: int,
                  repeats: int) -> list[float]:
-    """Least ms of the fused step at `rows` for each depth, the depths timed in turn within
+    """Least ms of the decode step at `rows` for each depth, the depths timed in turn within
     each repeat (a slow spell on a shared machine then hits all of them alike)."""
     extra = runner.verifier.empty_inputs(runner.num_slots, runner.max_depth)
     times = [[] for _ in depths]
@@ -131,7 +132,7 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     n = runner.num_slots
     sizes = runner.decode_registry.sizes
     home = runner.decode_registry.pick(n)  # the bucket of one row per slot
-    depths = tuple(sorted(set(depths) | {1}))  # depth 1 splits the commit from the stage
+    depths = tuple(sorted(set(depths)))
     # A depth's price is a difference of two timings at the home bucket, so each is timed
     # interleaved with its own depth-0 twin.
     work = [(b, (0,)) for b in sizes] + [(home, (0, d)) for d in depths]
@@ -141,14 +142,13 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
         timed = _time_decode(runner, rows, pair, context=context, repeats=repeats)
         ms[rows, pair[-1]] = timed[-1]
         if len(pair) == 2:
-            added[pair[1]] = timed[1] - timed[0]  # what drafting d adds to the floor step
+            added[pair[1]] = timed[1] - timed[0]  # what the draft step of depth d adds
     runner.state = SlotState.empty(n, runner.max_depth)
     # Drafting never costs less than nothing: a negative difference is timing noise.
-    commit = max(added[1], _PLACEHOLDER_MS)  # the commit forward over `home` rows
-    depth_ms = {d: max(added[d] - added[1], _PLACEHOLDER_MS) for d in depths}
+    depth_ms = {d: max(added[d], _PLACEHOLDER_MS) for d in depths}
     total_context = n * context
     return CostProfile(target=CostTable({b: ms[b, 0] for b in sizes}, context_len=total_context),
-                       draft=CostTable({b: commit * b / home for b in sizes},
+                       draft=CostTable({b: _PLACEHOLDER_MS for b in sizes},
                                        context_len=total_context),
                        draft_depth_ms=depth_ms,
                        # each depth re-reads the context: scale, not shift, across contexts
@@ -202,10 +202,11 @@ def device_interval_ms(*, previous_ready: float | None, previous_waited: bool,
                        busy_at_enqueue: bool, waited: bool, ready: float) -> float | None:
     """Device time of one decode step from host timestamps, or None when it is unknown.
 
-    A step's read-back is ready when its fused executable ends. Between two reads the device
-    ran exactly one step - but only if it never idled in between, which the host can tell
-    without syncing: it waited for both reads (the device was busy at each ready time) and,
-    when it enqueued this step, the previous one was not finished (no gap). A host-bound loop
+    A step's read-back is ready when its verify executable ends. Between two reads the device
+    ran one step's worth of work (the previous step's drafting and this verify) - but only if
+    it never idled in between, which the host can tell without syncing: it waited for both
+    reads (the device was busy at each ready time) and, when it enqueued this step, the
+    previous one was not finished (no gap). A host-bound loop
     (the device done before the host asks) gives no sample: its intervals time host work,
     which says nothing about a bucket's cost.
     """

@@ -6,8 +6,8 @@
 or, in a custom serving loop: add_request / step / abort / has_unfinished_requests.
 
 One engine step reads as the algorithm: schedule (admit, prefill chunks) -> plan (the verify
-bucket B and next draft depth d) -> run (dispatch slot writes, prefill and one fused decode
-step, nothing waits) -> postprocess (read the previous step back, one packed array; the
+bucket B and next draft depth d) -> run (dispatch slot writes, prefill, the decode step and
+its drafting, nothing waits) -> postprocess (read the previous step back, one packed array; the
 scheduler applies it) -> observe (planner statistics, cost refresh, step records, observers).
 Step i+1 is dispatched before step i is read (`overlap`), so host work hides behind the device.
 """
@@ -120,12 +120,16 @@ class Engine:
         else:
             decode_buckets = powers_of_two(n)
         self.decode_buckets = decode_buckets
+        depths = ()
+        if speculative:
+            depths = tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC else (k,)
         # Verify rows write up to K past seq_len and drafting up to K more.
         cache_len = _cache_len(config.max_model_len + 2 * k)
         start = time.perf_counter()
         self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=cache_len, max_depth=k,
                                   prefill_buckets=config.buckets, decode_buckets=decode_buckets,
-                                  verifier=verifier, show_progress=config.show_progress)
+                                  draft_depths=depths, verifier=verifier,
+                                  show_progress=config.show_progress)
         self.compile_seconds = time.perf_counter() - start
         if verifier.name:
             log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "
@@ -146,7 +150,6 @@ class Engine:
                   f"{self.compile_seconds:.1f} s")
         self.planner = self.cost_profile = self._cost_store = None
         if speculative:
-            depths = tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC else (k,)
             tables = {}
             # Full width needs no prices: static decoding sweeps only to fill a given path.
             if spec.policy is not Policy.STATIC or config.cost_table_path:
@@ -157,8 +160,8 @@ class Engine:
                 p = self.cost_profile
                 tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
             options = {"depth": k} if spec.policy is Policy.STATIC else {}
-            # The fused step runs the drafter's commit forward at every depth, so depth 0 (draft
-            # nothing, keep the drafter current) is a choice: the no-speculation floor.
+            # The verify step keeps the drafter's cache current at every depth, so depth 0 (no
+            # draft step) is a choice: the no-speculation floor.
             floor = spec.policy is Policy.DYNAMIC and drafter.kind == "autoregressive"
             self.planner = make_planner(
                 spec.policy.value, PlannerSpec(verify_buckets=decode_buckets, draft_depths=depths,
@@ -178,6 +181,7 @@ class Engine:
         # The previous read's time, whether it waited, and its decode read-back (cost refresh).
         self._last_ready: float | None = None
         self._last_waited = False
+        self._last_plan: StepPlan | None = None  # the previous decode step's plan
         self._last_readback = None
         self._last_conf: np.ndarray | None = None  # [N, K], a step late (dspark)
 
@@ -317,7 +321,8 @@ class Engine:
             plan = self._plan(batch)
             self._plan_ms += 1e3 * (time.perf_counter() - started)
             readback, conf = runner.decode(plan.verify_rows, plan.draft_depth,
-                                           self.verifier.host_inputs(scheduler.decoding))
+                                           self.verifier.host_inputs(scheduler.decoding),
+                                           mode=scheduler.sample_mode[scheduler.decoding].max())
             scheduler.dispatched_decode(plan.draft_depth)
             self._last_readback = readback
         return _InFlight(owners=list(scheduler.owner),
@@ -386,6 +391,9 @@ class Engine:
                     previous_ready=self._last_ready, previous_waited=self._last_waited,
                     busy_at_enqueue=flight.busy_at_enqueue, waited=waited, ready=ready)
             self._last_ready, self._last_waited = ready, waited
+            # Between two read-backs the device ran the previous step's drafting and this
+            # step's verify: the interval prices those two.
+            drafted, self._last_plan = self._last_plan, plan
             if self.policy is Policy.DSPARK:
                 self._last_conf = np.asarray(flight.confidence)
             if len(accepted):
@@ -400,7 +408,7 @@ class Engine:
                     verify_lens=verified + 1, had_proposal=readback[live, c.offered] > 0,
                     sampling_classes=self.scheduler.acceptance_class[live],
                     context_len=flight.context_len, step_ms=step_ms,
-                    draft_plan=seen if step_ms is not None else None))
+                    draft_plan=drafted if step_ms is not None else None))
                 self._plan_ms += 1e3 * (time.perf_counter() - started)
         return dict(num_requests=len(accepted), verify_rows=plan.verify_rows,
                     used_rows=int((verified + 1).sum()), draft_depth=plan.draft_depth,

@@ -3,11 +3,16 @@ decoding alike (plain decoding is the case without a drafter).
 
 Compiled at start-up, each in a registry keyed by its bucket:
     prefill  per prefill row bucket T   prompt chunks (and the drafter's prefill)
-    decode   per verify bucket B        the fused step of step.py; draft depth is an argument
+    decode   per verify bucket B        verify and commit (step.decode)
+    draft    per draft depth d          the next proposal (step.draft), with a drafter
     write    per written-slot count U   admissions and aborts scattered into the slot state
+Prefill and decode steps are compiled for greedy batches; the sampling variants
+(SampleMode.DRAW, FILTER) of a bucket compile the first time a batch needs them.
 
-A steady-state engine step dispatches one decode executable and reads back one packed array,
-whose copy to the host starts as soon as the step is dispatched.
+A steady-state engine step dispatches a decode executable (and a draft one, unless the planner
+drafts nothing) and reads back one packed array, whose copy to the host starts as soon as the
+step is dispatched. Neither executable waits on the host or makes it wait: the host's next
+step overlaps the device's work.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from tqdm.auto import tqdm
 from lightspec_jax.models import Qwen3
 
 from ..drafters import Drafter
+from ..sampling import SampleMode
 from . import step
 from .batch import PrefillInputs, Readback, SlotRows, SlotState, write_slots
 from .buckets import BucketRegistry, powers_of_two
@@ -36,7 +42,8 @@ def abstract(tree):
 class ModelRunner:
     def __init__(self, target: Qwen3, drafter: Drafter | None, *, num_slots: int,
                  cache_len: int, max_depth: int, prefill_buckets: tuple[int, ...],
-                 decode_buckets: tuple[int, ...], verifier=None, show_progress: bool = True):
+                 decode_buckets: tuple[int, ...], draft_depths: tuple[int, ...] = (),
+                 verifier=None, show_progress: bool = True):
         self.num_slots = n = num_slots
         self.max_depth = k = max(max_depth, 1)  # plain decoding keeps a 1-wide empty proposal
         self.cache_len = cache_len
@@ -54,46 +61,61 @@ class ModelRunner:
         def merge(leaves):
             return nnx.merge(graphdef, jax.tree.unflatten(t_treedef, leaves))
 
-        def prefill_fn(t_leaves, d_leaves, cache, dcache, state, inputs):
-            return step.prefill(merge(t_leaves), drafter, d_leaves, cache, dcache, state, inputs)
+        def prefill_fn(mode):
+            def fn(t_leaves, d_leaves, cache, dcache, state, inputs):
+                return step.prefill(merge(t_leaves), drafter, d_leaves, cache, dcache, state,
+                                    inputs, mode=mode)
+            return fn
 
-        def decode_fn(rows):
-            def fn(t_leaves, d_leaves, cache, dcache, state, depth, extra):
+        def decode_fn(rows, mode):
+            def fn(t_leaves, d_leaves, cache, dcache, state, extra):
                 return step.decode(merge(t_leaves), drafter, verifier, d_leaves, cache, dcache,
-                                   state, depth, extra, num_rows=rows)
+                                   state, extra, num_rows=rows, mode=mode)
+            return fn
+
+        def draft_fn(depth):
+            def fn(t_leaves, d_leaves, dcache, state):
+                return step.draft(merge(t_leaves), drafter, d_leaves, dcache, state, depth=depth)
             return fn
 
         self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
         self.decode_registry = BucketRegistry("decode step", decode_buckets)
+        # Every depth up to K is defined; those the policy does not plan compile on first use.
+        self.draft_registry = BucketRegistry("draft step", range(1, k + 1) if drafter else ())
         self.write_registry = BucketRegistry("slot write", powers_of_two(n, base=4))
         t_abs, d_abs = abstract(self._t_leaves), abstract(self._d_leaves)
         cache_abs, dcache_abs, state_abs = (abstract(x) for x in
                                             (self.cache, self.dcache, self.state))
         donate = dict(donate_argnames=("cache", "dcache", "state"))
-        work = ([("prefill", t) for t in self.prefill_registry.sizes]
-                + [("decode", b) for b in self.decode_registry.sizes]
-                + [("write", u) for u in self.write_registry.sizes])
-        depth_abs = jax.ShapeDtypeStruct((), jnp.int32)
         extra_abs = abstract(verifier.empty_inputs(n, k))
-        for kind, size in tqdm(work, desc="compiling device steps", disable=not show_progress,
-                               leave=False):
-            if kind == "prefill":
-                self.prefill_registry.compile(
-                    size, prefill_fn, t_abs, d_abs, cache_abs, dcache_abs, state_abs,
-                    abstract(PrefillInputs.empty(size, n)), **donate)
-            elif kind == "decode":
-                self.decode_registry.compile(size, decode_fn(size), t_abs, d_abs, cache_abs,
-                                             dcache_abs, state_abs, depth_abs, extra_abs,
-                                             **donate)
-            else:
-                self.write_registry.compile(size, write_slots, state_abs,
-                                            abstract(SlotRows.empty(size, n)),
-                                            donate_argnames=("state",))
+        for mode in SampleMode:  # greedy now, the others when first needed (lazy)
+            lazy = mode is not SampleMode.GREEDY
+            for t in self.prefill_registry.sizes:
+                self.prefill_registry.define(
+                    (t, mode), prefill_fn(mode), t_abs, d_abs, cache_abs, dcache_abs, state_abs,
+                    abstract(PrefillInputs.empty(t, n)), lazy=lazy, **donate)
+            for b in self.decode_registry.sizes:
+                self.decode_registry.define((b, mode), decode_fn(b, mode), t_abs, d_abs,
+                                            cache_abs, dcache_abs, state_abs, extra_abs,
+                                            lazy=lazy, **donate)
+        for d in self.draft_registry.sizes:
+            self.draft_registry.define(d, draft_fn(d), t_abs, d_abs, dcache_abs, state_abs,
+                                       lazy=d not in draft_depths,
+                                       donate_argnames=("dcache", "state"))
+        for u in self.write_registry.sizes:
+            self.write_registry.define(u, write_slots, state_abs,
+                                       abstract(SlotRows.empty(u, n)), donate_argnames=("state",))
+        registries = (self.prefill_registry, self.decode_registry, self.draft_registry,
+                      self.write_registry)
+        work = [(r, key) for r in registries for key in r.pending]
+        for registry, key in tqdm(work, desc="compiling device steps",
+                                  disable=not show_progress, leave=False):
+            registry.build(key)
 
     @property
     def compile_seconds(self) -> float:
         return sum(r.compile_seconds for r in (self.prefill_registry, self.decode_registry,
-                                               self.write_registry))
+                                               self.draft_registry, self.write_registry))
 
     # --- dispatch (never waits for the device) ----------------------------------------------
 
@@ -116,6 +138,8 @@ class ModelRunner:
     def prefill(self, chunks: tuple[PrefillChunk, ...]) -> jax.Array:
         """Dispatches prompt chunks; returns the completing prompts' first tokens [C]."""
         rows = self.prefill_registry.pick(sum(c.length for c in chunks))
+        mode = max((c.request.params.sample_mode for c in chunks if c.completes_prompt),
+                   default=SampleMode.GREEDY)
         inputs = PrefillInputs.empty(rows, self.num_slots)
         row = completing = 0
         for chunk in chunks:
@@ -132,15 +156,20 @@ class ModelRunner:
                 completing += 1
             row = end
         self.cache, self.dcache, self.state, tokens = self.prefill_registry(
-            rows, self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state, inputs)
+            (rows, SampleMode(mode)), self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state, inputs)
         tokens.copy_to_host_async()
         return tokens
 
-    def decode(self, rows: int, depth: int, extra=()) -> tuple[jax.Array, jax.Array]:
-        """Dispatches one fused decode step over a `rows` bucket drafting `depth` next;
-        returns (packed read-back [N, K+1+5], verified confidences [N, K]) on the device."""
+    def decode(self, rows: int, depth: int, extra=(), mode: int = SampleMode.GREEDY
+               ) -> tuple[jax.Array, jax.Array]:
+        """Dispatches one decode step over a `rows` bucket, then drafting `depth` tokens
+        (none at 0); `mode`: the SampleMode the decoding slots' requests need. Returns (packed
+        read-back [N, K+1+5], verified confidences [N, K]) on the device."""
         self.cache, self.dcache, self.state, readback, conf = self.decode_registry(
-            rows, self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state,
-            np.int32(depth), extra)
+            (rows, SampleMode(mode)), self._t_leaves, self._d_leaves, self.cache, self.dcache,
+            self.state, extra)
         readback.copy_to_host_async()
+        if depth > 0 and self.drafter is not None:
+            self.dcache, self.state = self.draft_registry(depth, self._t_leaves, self._d_leaves,
+                                                          self.dcache, self.state)
         return readback, conf

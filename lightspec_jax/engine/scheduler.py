@@ -66,6 +66,7 @@ class Scheduler:
         self.total_len = np.zeros(n, np.int64)
         self.remaining = np.zeros(n, np.int64)  # tokens each slot's request may still emit
         self.acceptance_class = np.zeros(n, np.int64)  # SamplingParams.acceptance_class
+        self.sample_mode = np.zeros(n, np.int64)  # SamplingParams.sample_mode
         # Speculative counters per slot (SpecCounters fields), reset at admission.
         self.counters = np.zeros((4, n), np.int64)  # steps, drafted, verified, accepted
         self.last_live = np.zeros(n, bool)  # slots whose decode tokens the last read applied
@@ -97,6 +98,7 @@ class Scheduler:
             self.total_len[slot] = request.prompt_len
             self.remaining[slot] = request.allowance
             self.acceptance_class[slot] = request.params.acceptance_class
+            self.sample_mode[slot] = request.params.sample_mode
             self.counters[:, slot] = 0
         # Prompt rows per step; decodes run in their own executable, sized by the planner.
         budget = self.max_rows

@@ -1,6 +1,10 @@
-"""The device steps, as pure functions: prefill, the fused decode step, and slot writes.
+"""The device steps, as pure functions: prefill, the decode step (verify, then draft), and
+slot writes.
 
-One decode step, all on the device, in one executable per verify bucket B:
+One decode step, all on the device, in one executable per verify bucket B and one per draft
+depth d, neither with device-side control flow (on a GPU a `lax.cond` or a loop with a traced
+trip count reads a predicate back to the host, which stalls the dispatch of everything after
+it until the device gets there, and with it the overlap of host and device work):
 
     fill     B verify rows: each active slot's last token plus its highest prefix-survival
              drafts (pallas_kernels.fill)
@@ -9,11 +13,12 @@ One decode step, all on the device, in one executable per verify bucket B:
     verify   accepted prefix + bonus token per slot (the verifier: exact match by default)
     commit   seq_len += accepted + 1; stop ids and the allowance cut what is emitted and end
              requests on the device (pallas_kernels.commit)
-    draft    the drafter's forward over the verified rows, then `depth` draft tokens per slot,
-             `depth` a runtime argument (a bounded loop), so one executable serves every depth;
-             at depth 0, the planner's floor, only the drafter's cache writes for these rows
+    commit'  the drafter's cache writes for the verified rows (and what drafting starts from)
+  then, in the draft executable of depth d (not run at depth 0, the planner's floor):
+    draft    d draft tokens per slot that stepped and goes on
 
 Plain decoding is the same step without a drafter: no proposal, one row per active slot.
+Sampling takes a static SampleMode (the host knows its requests' parameters).
 Axis legend: N slots, K max draft depth, B verify rows, T prefill rows, C completing prompts,
 V vocabulary.
 """
@@ -26,8 +31,8 @@ import jax.numpy as jnp
 from lightspec_jax.models import KVCache, Qwen3
 from lightspec_jax.pallas_kernels import commit, fill
 
-from ..drafters import Drafter, DraftRows, Proposal
-from ..sampling import sample
+from ..drafters import Drafter, DraftRows
+from ..sampling import SampleMode, sample
 from .batch import PrefillInputs, SlotState, pack_readback
 
 
@@ -37,7 +42,7 @@ def _slot_sampling(state: SlotState, slot: jax.Array):
 
 
 def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dcache,
-            state: SlotState, inputs: PrefillInputs):
+            state: SlotState, inputs: PrefillInputs, *, mode: SampleMode):
     """Prompt chunks through the target (and the drafter); each completing prompt samples its
     first token and its slot turns active (unless that token already ends it).
 
@@ -50,7 +55,7 @@ def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dc
     at = inputs.sample_slot  # [C]; N on padding (scatters drop it)
     slot = jnp.clip(at, 0, n - 1)
     prompt_len = inputs.row_pos[inputs.sample_row] + 1  # [C]: the first token's position
-    tokens = sample(out.logits, *_slot_sampling(state, slot), prompt_len)  # [C]
+    tokens = sample(out.logits, *_slot_sampling(state, slot), prompt_len, mode)  # [C]
     stops = jnp.any(state.stop_ids[slot] == tokens[:, None], axis=1)  # [C]
     remaining = state.remaining[slot] - 1
 
@@ -61,7 +66,8 @@ def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dc
                            last_token=put(state.last_token, tokens),
                            remaining=put(state.remaining, remaining),
                            active=put(state.active, ~stops & (remaining > 0)),
-                           proposal_len=put(state.proposal_len, jnp.zeros_like(at)))
+                           proposal_len=put(state.proposal_len, jnp.zeros_like(at)),
+                           drafting=put(state.drafting, jnp.zeros_like(at, bool)))
     if drafter is not None:
         # x_{p+1} of each prompt row: the next prompt token, or the token sampled here.
         by_slot = jnp.zeros((n + 1,), jnp.int32).at[at].set(tokens)  # [N+1]
@@ -77,11 +83,11 @@ def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dc
 
 
 def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KVCache, dcache,
-           state: SlotState, depth: jax.Array, extra, *, num_rows: int):
-    """fill -> target over B rows -> verify -> commit -> draft `depth` (traced) tokens.
+           state: SlotState, extra, *, num_rows: int, mode: SampleMode):
+    """fill -> target over B rows -> verify -> commit -> the drafter's commit.
 
     Returns (cache, dcache, state, readback [N, K+1+5] (batch.Readback), verified proposal's
-    confidences [N, K]).
+    confidences [N, K]). `state.drafting` marks the slots a following `draft` proposes for.
     """
     n, k = state.draft_tokens.shape
     active = state.active
@@ -99,13 +105,12 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
     out = target(row_token, row_pos, layout.row_slot, cache, aux_layers=aux)
     # The token sampled at a row is for position row_pos + 1: the key plain decoding uses
     # there, so the committed tokens are exactly the target's own.
-    target_tokens = sample(out.logits, *_slot_sampling(state, slot), row_pos + 1)  # [B]
+    target_tokens = sample(out.logits, *_slot_sampling(state, slot), row_pos + 1, mode)  # [B]
     accepted, out_tokens, num_new = verifier.verify(target_tokens, layout, state.draft_tokens,
                                                     extra)
     done = commit(out_tokens, num_new, accepted, layout, state.seq_len, active, state.stop_ids,
                   state.remaining)
     stepped = active & layout.slot_valid  # [N]
-    goes_on = stepped & ~done.finished  # [N]: drafts for these only
     readback = pack_readback(out_tokens, done.num_emitted, accepted, layout.lengths,
                              jnp.where(stepped, state.proposal_len, 0), done.finished)
     verified_conf = state.draft_conf
@@ -114,28 +119,28 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
         last_token=jnp.where(stepped, done.new_last_token, state.last_token),
         remaining=state.remaining - done.num_emitted,
         active=active & ~done.finished,
-        proposal_len=jnp.where(stepped, 0, state.proposal_len))
+        proposal_len=jnp.where(stepped, 0, state.proposal_len),
+        drafting=stepped & ~done.finished)
     if drafter is not None:
-        embed = target.embed[...]
         rows = DraftRows(token=row_token, next_token=target_tokens, hidden=out.aux_hidden,
                          position=row_pos, slot=layout.row_slot)
-
-        def drafting(dcache):
-            dcache, carry = drafter.commit(d_leaves, dcache, rows, tail_row=done.tail_row,
-                                           bonus=done.new_last_token,
-                                           new_seq_len=done.new_seq_len, stepped=goes_on,
-                                           target_embed=embed)
-            return drafter.draft(d_leaves, dcache, carry, depth=depth, max_depth=k,
-                                 target_embed=embed)
-
-        def floor(dcache):  # depth 0: the drafter's cache writes alone, no proposal
-            return (drafter.keep_current(d_leaves, dcache, rows, target_embed=embed),
-                    Proposal(tokens=state.draft_tokens, confidence=state.draft_conf))
-
-        dcache, proposal = jax.lax.cond(depth > 0, drafting, floor, dcache)
-        keep = goes_on[:, None]
-        state = state._replace(
-            draft_tokens=jnp.where(keep, proposal.tokens, state.draft_tokens),
-            draft_conf=jnp.where(keep, proposal.confidence, state.draft_conf),
-            proposal_len=jnp.where(goes_on, depth, state.proposal_len).astype(jnp.int32))
+        dcache = drafter.commit(d_leaves, dcache, rows, tail_row=done.tail_row,
+                                target_embed=target.embed[...])
     return out.cache, dcache, state, readback, verified_conf
+
+
+def draft(target: Qwen3, drafter: Drafter, d_leaves, dcache, state: SlotState, *, depth: int):
+    """`depth` (static) draft tokens for each slot the last verify left drafting.
+
+    Returns (dcache, state) with those slots' proposals.
+    """
+    k = state.draft_tokens.shape[1]
+    dcache, proposal = drafter.draft(d_leaves, dcache, last_token=state.last_token,
+                                     seq_len=state.seq_len, drafting=state.drafting,
+                                     depth=depth, max_depth=k, target_embed=target.embed[...])
+    keep = state.drafting[:, None]
+    return dcache, state._replace(
+        draft_tokens=jnp.where(keep, proposal.tokens, state.draft_tokens),
+        draft_conf=jnp.where(keep, proposal.confidence, state.draft_conf),
+        proposal_len=jnp.where(state.drafting, depth, state.proposal_len).astype(jnp.int32),
+        drafting=jnp.zeros_like(state.drafting))
