@@ -71,7 +71,8 @@ class Plan:
     serve_prefill_tokens: int  # max_num_batched_tokens: a wave's prompts in a step or two
     serve_shape: dict
     serve_dtype: str
-    serve_buckets: tuple[int, ...]  # verify buckets as multiples of c (plus c * (K+1))
+    serve_buckets: tuple[float, ...]  # verify buckets as multiples of c (plus c * (K+1))
+    serve_waves: int  # prompts = waves * c: each slot serves this many requests in turn
     serve_policies: tuple[tuple[str, int], ...]  # in run order: K=11 first fills the compile
     # cache that dynamic (same buckets) and K=3 (a subset) then reuse
     compare_xla_batches: tuple[int, ...]  # B where the first model is also timed on XLA attention
@@ -88,7 +89,8 @@ H200_PLAN = Plan(
     batches=(256, 512, 1024, 2048, 3072), models={"qwen3-14b": QWEN3_14B, "qwen3-0.6b": QWEN3_06B},
     serve_c=256, serve_prompt_len=32, serve_new_tokens=128, serve_prefill_tokens=8192,
     serve_shape=QWEN3_06B,
-    serve_dtype="bfloat16", serve_buckets=(1, 2, 4, 8), serve_policies=SERVE_POLICIES,
+    serve_dtype="bfloat16", serve_buckets=(1, 2, 4, 8), serve_waves=2,
+    serve_policies=SERVE_POLICIES,
     compare_xla_batches=(256, 3072), vocab=151936, test_workers=4, test_timeout_s=170,
     repeats=10)
 DRY_PLAN = Plan(
@@ -96,6 +98,7 @@ DRY_PLAN = Plan(
     attn_shape=dict(Q=4, G=2, D=32, S=64), context=16, cache_len=64, batches=(4, 8),
     models={"qwen3-14b": TINY, "qwen3-0.6b": TINY}, serve_c=4, serve_prompt_len=8,
     serve_new_tokens=8, serve_prefill_tokens=128, serve_shape=TINY, serve_dtype="float32", serve_buckets=(1,),
+    serve_waves=2,
     serve_policies=SERVE_POLICIES, compare_xla_batches=(4,), vocab=512, test_workers=0,
     test_timeout_s=90, repeats=2)
 
@@ -386,7 +389,7 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
     params = SamplingParams(max_tokens=plan.serve_new_tokens, ignore_eos=True)
     rng = np.random.default_rng(c)
     prompts = [rng.integers(1, target_cfg.vocab_size, size=plan.serve_prompt_len).tolist()
-               for _ in range(2 * c)]
+               for _ in range(plan.serve_waves * c)]
     rows = []
     for policy, k in plan.serve_policies:
         label = policy if policy == "none" else f"{policy} K={k}"
@@ -399,7 +402,7 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
         drafter = Eagle3Drafter(Eagle3(Eagle3Config.for_target(target_cfg), dtype=jdtype,
                                        rngs=nnx.Rngs(1)))
         # Fewer buckets than spec_serving: each costs start-up compile time and sweep.
-        buckets = tuple(sorted({c * f for f in plan.serve_buckets if f <= k + 1}
+        buckets = tuple(sorted({max(1, int(c * f)) for f in plan.serve_buckets if f <= k + 1}
                                | {c * (k + 1)}))
         config = EngineConfig(
             max_num_seqs=c, dtype=plan.serve_dtype, verify_buckets=buckets,
@@ -513,6 +516,14 @@ def main(argv=None) -> dict:
     parser.add_argument("out_dir")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, interpret mode, tiny shapes (a test of this script)")
+    parser.add_argument("--serve-policies", nargs="+", metavar="POLICY:K",
+                        help="serving policies in run order (default: static:11 dynamic:11 "
+                             "static:3 none:0)")
+    parser.add_argument("--serve-buckets", nargs="+", type=float, metavar="F",
+                        help="serving verify buckets as multiples of c (default 1 2 4 8; "
+                             "0.25 0.5 add the buckets of a filling or draining batch)")
+    parser.add_argument("--serve-waves", type=int,
+                        help="requests per slot (prompts = waves * c; default 2)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS,
                         help="run only these sections (a rerun after a fix)")
     parser.add_argument("--deadline-s", type=float,
@@ -521,6 +532,14 @@ def main(argv=None) -> dict:
     plan = DRY_PLAN if args.dry_run else H200_PLAN
     if args.deadline_s is not None:
         plan = dataclasses.replace(plan, deadline_s=args.deadline_s)
+    if args.serve_policies:
+        policies = tuple((p.split(":")[0], int(p.split(":")[1]) if ":" in p else 0)
+                         for p in args.serve_policies)
+        plan = dataclasses.replace(plan, serve_policies=policies)
+    if args.serve_buckets:
+        plan = dataclasses.replace(plan, serve_buckets=tuple(args.serve_buckets))
+    if args.serve_waves:
+        plan = dataclasses.replace(plan, serve_waves=args.serve_waves)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     deadline = start + plan.deadline_s

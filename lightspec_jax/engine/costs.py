@@ -68,8 +68,9 @@ class CostProfile:
 # Bumped when the sweep measures differently, so tables from an older method are not reused
 # (2: each depth timed interleaved with its depth-0 twin; 3: the floor step writes only the
 # drafter's cache, and the commit forward is priced apart from the verify; 4: drafting is its
-# own executable per depth, the verify step writes the drafter's cache at every depth).
-SWEEP_VERSION = 4
+# own executable per depth, the verify step writes the drafter's cache at every depth; 5: the
+# sweep waits for the draft step, not just the read-back).
+SWEEP_VERSION = 5
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -121,7 +122,9 @@ def _time_decode(runner: ModelRunner, rows: int, depths: tuple[int, ...], *, con
         for i, depth in enumerate(depths):
             runner.state = _synthetic_state(runner, context, min(runner.num_slots, rows))
             start = time.perf_counter()
-            jax.block_until_ready(runner.decode(rows, depth, extra))
+            readback = runner.decode(rows, depth, extra)
+            # The draft step ends after the read-back is ready: wait for the state it writes.
+            jax.block_until_ready((readback, runner.state, runner.dcache))
             times[i].append(1e3 * (time.perf_counter() - start))
     return [min(t[1:]) for t in times]
 
