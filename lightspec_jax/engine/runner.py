@@ -18,7 +18,6 @@ step overlaps the device's work.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
@@ -53,6 +52,7 @@ class ModelRunner:
         graphdef, t_state = nnx.split(target)
         self._t_leaves, t_treedef = jax.tree.flatten(t_state)
         self._d_leaves = drafter.param_leaves if drafter is not None else []
+        self._embed = target.embed[...]  # [V, H]: all of the target that drafting reads
         self.cache = target.new_cache(num_slots=n, max_len=cache_len)
         self.dcache = drafter.new_cache(num_slots=n, cache_len=cache_len) if drafter else None
         self.state = SlotState.empty(n, k)
@@ -74,8 +74,8 @@ class ModelRunner:
             return fn
 
         def draft_fn(depth):
-            def fn(t_leaves, d_leaves, dcache, state):
-                return step.draft(merge(t_leaves), drafter, d_leaves, dcache, state, depth=depth)
+            def fn(embed, d_leaves, dcache, state):
+                return step.draft(embed, drafter, d_leaves, dcache, state, depth=depth)
             return fn
 
         self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
@@ -99,7 +99,8 @@ class ModelRunner:
                                             cache_abs, dcache_abs, state_abs, extra_abs,
                                             lazy=lazy, **donate)
         for d in self.draft_registry.sizes:
-            self.draft_registry.define(d, draft_fn(d), t_abs, d_abs, dcache_abs, state_abs,
+            self.draft_registry.define(d, draft_fn(d), abstract(self._embed), d_abs, dcache_abs,
+                                       state_abs,
                                        lazy=d not in draft_depths,
                                        donate_argnames=("dcache", "state"))
         for u in self.write_registry.sizes:
@@ -156,7 +157,8 @@ class ModelRunner:
                 completing += 1
             row = end
         self.cache, self.dcache, self.state, tokens = self.prefill_registry(
-            (rows, SampleMode(mode)), self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state, inputs)
+            (rows, SampleMode(mode)), self._t_leaves, self._d_leaves, self.cache, self.dcache,
+            self.state, inputs)
         tokens.copy_to_host_async()
         return tokens
 
@@ -170,6 +172,6 @@ class ModelRunner:
             self.state, extra)
         readback.copy_to_host_async()
         if depth > 0 and self.drafter is not None:
-            self.dcache, self.state = self.draft_registry(depth, self._t_leaves, self._d_leaves,
+            self.dcache, self.state = self.draft_registry(depth, self._embed, self._d_leaves,
                                                           self.dcache, self.state)
         return readback, conf

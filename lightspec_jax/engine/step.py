@@ -129,15 +129,17 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
     return out.cache, dcache, state, readback, verified_conf
 
 
-def draft(target: Qwen3, drafter: Drafter, d_leaves, dcache, state: SlotState, *, depth: int):
-    """`depth` (static) draft tokens for each slot the last verify left drafting.
+def draft(target_embed: jax.Array, drafter: Drafter, d_leaves, dcache, state: SlotState, *,
+          depth: int):
+    """`depth` (static) draft tokens for each slot the last verify left drafting (the
+    target's embedding [V, H] is all of the target it reads).
 
     Returns (dcache, state) with those slots' proposals.
     """
     k = state.draft_tokens.shape[1]
     dcache, proposal = drafter.draft(d_leaves, dcache, last_token=state.last_token,
                                      seq_len=state.seq_len, drafting=state.drafting,
-                                     depth=depth, max_depth=k, target_embed=target.embed[...])
+                                     depth=depth, max_depth=k, target_embed=target_embed)
     keep = state.drafting[:, None]
     return dcache, state._replace(
         draft_tokens=jnp.where(keep, proposal.tokens, state.draft_tokens),

@@ -34,9 +34,12 @@ def test_refreshed_cells_stay_near_the_sweep(spec_engines):
     between the sweep and serving; the old failure was three orders)."""
     engine = spec_engines("dynamic_k4")
     planner = engine.planner
+    # The draft table (drafting's part that follows B) is nil by construction - the verify
+    # step writes the drafter's cache at every depth - so its swept cells are a placeholder
+    # with no size to keep; the measured tables are the target's and the draft step's.
+    assert max(_reference_column(planner.draft_costs.to_json()).values()) <= 1e-3
     sweep = {k: _reference_column(t.to_json()) for k, t in
-             (("target", planner.target_costs), ("draft", planner.draft_costs),
-              ("depth", planner.depth_costs))}
+             (("target", planner.target_costs), ("depth", planner.depth_costs))}
     rng = np.random.default_rng(0)
     prompts = [rng.integers(2, 250, size=6).tolist() for _ in range(8)]
     engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
