@@ -42,7 +42,7 @@ def test_late_failing_drafter_drives_the_budget_down(late_engine, plain_engine):
     steps = [s for s in late_engine.stats.steps if s.num_requests == 4]
     # Before position 40 every draft is accepted: verify wide, draft deep. From 40 on nothing
     # is: one row per request and no drafting, the floor, are cheapest per committed token
-    # (it saves the drafter's commit forward, 5% of a step here, past the floor's 2% margin).
+    # (it saves the draft step, past the floor's 2% margin).
     early, late = steps[2:8], steps[-10:]
     assert np.median([s.verify_rows for s in early]) >= 16
     assert np.median([s.draft_depth for s in early]) >= 3
