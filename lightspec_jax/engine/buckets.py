@@ -79,6 +79,11 @@ class _CompileCounter:
             with self._lock:
                 self.count += 1
 
+    def declare(self, events: int) -> None:
+        """Counts `events` as a registry's own lazy compile, not a serving-time recompile."""
+        with self._lock:
+            self.declared += events
+
 
 _counter: _CompileCounter | None = None
 
@@ -94,11 +99,6 @@ def compile_event_count() -> int:
     """JAX trace/compile events so far, less those of declared lazy compiles."""
     counter = _compile_counter()
     return counter.count - counter.declared
-
-
-def declared_compile_count() -> int:
-    """Events of the registries' lazy compiles so far."""
-    return _compile_counter().declared
 
 
 class CompileWatch:
@@ -179,8 +179,7 @@ class BucketRegistry:
         counter = _compile_counter()
         before, start = counter.count, time.perf_counter()
         executable = self.build(key)
-        with counter._lock:
-            counter.declared += counter.count - before
+        counter.declare(counter.count - before)
         log.info("%s: compiled %r on first use in %.1f s", self.name, key,
                  time.perf_counter() - start)
         return executable
