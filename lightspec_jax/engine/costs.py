@@ -10,14 +10,15 @@ target(B) + draft(B) + stage(d), the last two only when it drafts: stage(d) is t
 step (depth d less depth 0, over the N slots), and draft(B), the part of drafting that
 follows B, is nil here: the verify step's drafter cache writes run at every depth.
 
-Each cost is the fastest of `repeats` timed runs after a warm-up run, each on a fresh copy
-of the synthetic state: interference from other work on the machine only ever adds time, so
-the minimum is the estimate least disturbed by it.
+Each cost is the fastest of `repeats` timed runs of `steps` back-to-back steps after a
+warm-up run, each on a fresh copy of the synthetic state: interference from other work on the
+machine only ever adds time, so the minimum is the estimate least disturbed by it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -69,8 +70,9 @@ class CostProfile:
 # (2: each depth timed interleaved with its depth-0 twin; 3: the floor step writes only the
 # drafter's cache, and the commit forward is priced apart from the verify; 4: drafting is its
 # own executable per depth, the verify step writes the drafter's cache at every depth; 5: the
-# sweep waits for the draft step, not just the read-back).
-SWEEP_VERSION = 5
+# sweep waits for the draft step, not just the read-back; 6: steps timed back to back with
+# full proposals, as serving runs them).
+SWEEP_VERSION = 6
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -113,25 +115,48 @@ def _synthetic_state(runner: ModelRunner, context: int, active: int) -> SlotStat
 
 
 def _time_decode(runner: ModelRunner, rows: int, depths: tuple[int, ...], *, context: int,
-                 repeats: int) -> list[float]:
-    """Least ms of the decode step at `rows` for each depth, the depths timed in turn within
-    each repeat (a slow spell on a shared machine then hits all of them alike)."""
+                 steps: int, repeats: int) -> list[float]:
+    """Least ms per step of the decode step at `rows` for each depth.
+
+    Each timing dispatches `steps` steps back to back and waits once, as the overlapped loop
+    runs them: a step's dispatch and launch latency hide behind the step before it, so a
+    bucket is priced at what it adds to a serving step, not at a lone step's round trip (on
+    the H200 a lone verify at B = 256 timed 4.5 ms where back-to-back steps take 4.0). Before
+    every step the proposals are re-armed to full length, so a bucket's rows are all real.
+    The depths are timed in turn within each repeat (a slow spell on a shared machine then
+    hits all of them alike).
+    """
     extra = runner.verifier.empty_inputs(runner.num_slots, runner.max_depth)
     times = [[] for _ in depths]
-    for _ in range(repeats + 1):
+    for repeat in range(repeats + 1):
         for i, depth in enumerate(depths):
             runner.state = _synthetic_state(runner, context, min(runner.num_slots, rows))
+            jax.block_until_ready(runner.state)
+            count = 1 if repeat == 0 else steps  # the first repeat warms up
             start = time.perf_counter()
-            readback = runner.decode(rows, depth, extra)
+            for _ in range(count):
+                runner.state = _rearm(runner.state)
+                readback, _ = runner.decode(rows, depth, extra)
             # The draft step ends after the read-back is ready: wait for the state it writes.
             jax.block_until_ready((readback, runner.state, runner.dcache))
-            times[i].append(1e3 * (time.perf_counter() - start))
+            times[i].append(1e3 * (time.perf_counter() - start) / count)
     return [min(t[1:]) for t in times]
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _rearm(state: SlotState) -> SlotState:
+    """Every active slot holds a full-length proposal again (the sweep's steady state)."""
+    k = state.draft_tokens.shape[1]
+    return state._replace(proposal_len=jnp.where(state.active, k, 0).astype(jnp.int32))
+
+
 def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int = 128,
-                  repeats: int = 5, show_progress: bool = True) -> CostProfile:
-    context = max(1, min(context, runner.cache_len - 2 * runner.max_depth - 2))
+                  steps: int = 4, repeats: int = 3, show_progress: bool = True) -> CostProfile:
+    # Each timed step commits up to K + 1 tokens per slot and writes K more past them.
+    k = runner.max_depth
+    room = runner.cache_len - 2 * k - 2
+    context = max(1, min(context, room // 2))
+    steps = max(1, min(steps, (room - context) // (k + 1)))
     n = runner.num_slots
     sizes = runner.decode_registry.sizes
     home = runner.decode_registry.pick(n)  # the bucket of one row per slot
@@ -142,7 +167,8 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     ms, added = {}, {}
     for rows, pair in tqdm(work, desc="profiling decode buckets", disable=not show_progress,
                            leave=False):
-        timed = _time_decode(runner, rows, pair, context=context, repeats=repeats)
+        timed = _time_decode(runner, rows, pair, context=context, steps=steps,
+                             repeats=repeats)
         ms[rows, pair[-1]] = timed[-1]
         if len(pair) == 2:
             added[pair[1]] = timed[1] - timed[0]  # what the draft step of depth d adds
