@@ -9,7 +9,7 @@ import numpy as np
 from .base import BasePlanner
 from .costs import CostTable
 from .fill import survival_scores
-from .objective import StepCosts, candidate_rows, first_best
+from .objective import candidate_rows, first_best
 from .types import PlannerSpec, StepPlan
 
 

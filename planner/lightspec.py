@@ -58,6 +58,11 @@ class LightSpecOptions:
     refresh_costs: bool = True  # EMA-refresh cost tables from measured times
     reprice_every: int = 8  # plan() calls that may reuse one pricing (BasePlanner)
     floor_margin: float = 0.02  # the floor must beat the best depth >= 1 by this share
+    # plan() calls that may reuse one decision while the step's shape (N, M, the depth
+    # verified, the rows available) stays put; 1 decides afresh every step.
+    # The statistics move a few percent per step at most, and deciding is most of plan()'s
+    # host time, which is step time (the engine reuses for 4 steps).
+    replan_every: int = 1
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -66,6 +71,8 @@ class LightSpecOptions:
             raise ValueError(f"explore_fraction must be in [0, 1), got {self.explore_fraction}")
         if self.min_probe_interval < 1:
             raise ValueError(f"min_probe_interval must be >= 1, got {self.min_probe_interval}")
+        if self.replan_every < 1:
+            raise ValueError(f"replan_every must be >= 1, got {self.replan_every}")
 
 
 class LightSpecPlanner(BasePlanner):
@@ -93,6 +100,8 @@ class LightSpecPlanner(BasePlanner):
         self._probe_depth = 0  # depth of the pending probe's proposal; 0: no probe pending
         self._last_probe_step = 0
         self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
+        # (shape key, plan() call, (fill, step ms, tokens, depth)) of the last decision
+        self._decided: tuple | None = None
 
     # ---- planning --------------------------------------------------------------------------
 
@@ -102,8 +111,17 @@ class LightSpecPlanner(BasePlanner):
         if not (self.has_costs and self.stats.has_progress):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
                               depth=self._cold_depth(), reason="cold")
-        costs = self._costs(n)
         probing = self._probe_depth > 0 and d_prev >= self._probe_depth and m == n
+        key = (n, m, d_prev, available, self.stats.batch_version)
+        if (not probing and self._probe_depth == 0 and self._decided is not None
+                and self._decided[0] == key
+                and self.steps - self._decided[1] < self.options.replan_every):
+            fill, step_ms, tokens, depth = self._decided[2]
+            if math.isfinite(step_ms):
+                self._spent_since_probe += step_ms
+            return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason="plan",
+                              predicted_ms=step_ms, predicted_tokens=tokens)
+        costs = self._costs(n)
         fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=probing)
         reason = "probe" if probing else "plan"
         if probing:
@@ -118,6 +136,8 @@ class LightSpecPlanner(BasePlanner):
             self._spent_since_probe = 0.0
         elif math.isfinite(step_ms):
             self._spent_since_probe += step_ms
+        self._decided = None if (probing or self._probe_depth) else (
+            key, self.steps, (fill, step_ms, tokens, depth))
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
                           predicted_ms=step_ms, predicted_tokens=tokens)
 

@@ -95,6 +95,7 @@ class AcceptanceStats:
         self._by_class: dict[int, list[np.ndarray]] = {}
         self._class_fits: dict[int, np.ndarray] = {}  # class -> its fitted curve (cache)
         self._batch_key = 0  # the planned batch's class, -1 if mixed (set_batch)
+        self.batch_version = 0  # bumped whenever set_batch changes the class mix
         self._batch_mix: tuple[np.ndarray, np.ndarray] | None = None  # (classes, shares)
         # index j (1..K) used; NaN = never measured. survival[j] = P(accept_len > j)
         self.survival = np.full(self.max_depth + 1, np.nan)
@@ -168,6 +169,7 @@ class AcceptanceStats:
         if key != self._batch_key or not _same_mix(mix, self._batch_mix):
             self._batch_key, self._batch_mix = key, mix
             self._filled = None
+            self.batch_version += 1
 
     def _record_ratios(self, accept: np.ndarray, verify_lens: np.ndarray, share: float) -> None:
         drafts = verify_lens - 1  # [N] draft rows verified per request
@@ -345,7 +347,7 @@ def _same_mix(a, b) -> bool:
     if a is None or b is None:
         return a is b
     return (a[0].shape == b[0].shape and (a[0] == b[0]).all()
-            and np.allclose(a[1], b[1], rtol=0, atol=0.02))
+            and float(np.abs(a[1] - b[1]).max()) <= 0.02)
 
 
 def _non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:

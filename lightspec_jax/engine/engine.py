@@ -159,7 +159,10 @@ class Engine:
                     self.runner, depths=depths, show_progress=config.show_progress)
                 p = self.cost_profile
                 tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
-            options = {"depth": k} if spec.policy is Policy.STATIC else {}
+            # A dynamic engine reuses a decision for up to 4 steps of one shape: deciding is
+            # most of plan()'s host time, which at high concurrency is step time.
+            options = ({"depth": k} if spec.policy is Policy.STATIC else
+                       {"replan_every": 4} if spec.policy is Policy.DYNAMIC else {})
             # The verify step keeps the drafter's cache current at every depth, so depth 0 (no
             # draft step) is a choice: the no-speculation floor.
             floor = spec.policy is Policy.DYNAMIC and drafter.kind == "autoregressive"

@@ -1,6 +1,5 @@
 """Sampling on the device: masks, seeds, and the statistical match to softmax(logits / T)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
