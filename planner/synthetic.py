@@ -207,14 +207,24 @@ class AcceptanceModel:
         Returns (new drift [N], accepted drafts a [N] in 0..K if the full proposal were
         verified, confidences [N, K]).
         """
-        p = self.profile
         n = quality.shape[0]
+        noise = (rng.standard_normal(n), rng.standard_normal((n, max_depth)),
+                 rng.random((n, max_depth)), rng.standard_normal((n, max_depth)))
+        return self.respond(quality, drift, *noise)
+
+    def respond(self, quality: np.ndarray, drift: np.ndarray, drift_noise: np.ndarray,
+                token_noise: np.ndarray, uniform: np.ndarray, conf_noise: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`step` on given draws: N(0, 1) [N], N(0, 1) [N, K], U(0, 1) [N, K], N(0, 1) [N, K]
+        (a caller may draw many steps' worth at once)."""
+        p = self.profile
+        max_depth = token_noise.shape[1]
         innovation = np.sqrt(1.0 - p.drift_rho ** 2) * p.drift_sigma
-        drift = p.drift_rho * drift + innovation * rng.standard_normal(n)  # [N]
+        drift = p.drift_rho * drift + innovation * drift_noise  # [N]
         logits = ((quality + drift)[:, None] + depth_offsets(self.slope, max_depth)[None, :]
-                  + p.token_sigma * rng.standard_normal((n, max_depth)))  # [N, K]
-        accepted = rng.random((n, max_depth)) < _sigmoid(logits)  # [N, K]
+                  + p.token_sigma * token_noise)  # [N, K]
+        accepted = uniform < _sigmoid(logits)  # [N, K]
         a = np.cumprod(accepted, axis=1).sum(axis=1)  # [N] leading accepted positions
-        seen = logits + p.conf_noise * rng.standard_normal((n, max_depth))
+        seen = logits + p.conf_noise * conf_noise
         confidences = _sigmoid(p.conf_gain * seen + p.conf_bias)  # [N, K]
         return drift, a, confidences

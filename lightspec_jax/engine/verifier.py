@@ -45,6 +45,8 @@ class SyntheticAcceptance(ExactMatch):
     """Acceptance drawn from a workload profile (planner/synthetic.py): a per-request quality
     fixed at admission and a drifting difficulty, as in the simulator; vectorised over slots."""
 
+    _BLOCK = 32  # steps of draws made at once
+
     def __init__(self, profile: str, *, num_slots: int, max_depth: int, seed: int):
         from lightspec_jax.planner.synthetic import AcceptanceModel
 
@@ -54,6 +56,8 @@ class SyntheticAcceptance(ExactMatch):
         self.rng = np.random.default_rng(seed)
         self.quality = np.zeros(num_slots)
         self.drift = np.zeros(num_slots)
+        self._draws: tuple[np.ndarray, ...] = (np.zeros((0,)),)  # a block of steps' draws
+        self._at = 0  # the next step's index in the block
 
     def empty_inputs(self, num_slots: int, max_depth: int):
         return (np.zeros((num_slots,), np.int32), np.zeros((num_slots, max_depth), np.float32))
@@ -65,16 +69,21 @@ class SyntheticAcceptance(ExactMatch):
             self.drift[slots] = self.model.initial_drift(self.rng, len(slots))
 
     def host_inputs(self, active: np.ndarray):
-        """(accepted-if-fully-verified [N] i32, fill confidences [N, K] f32) for this step."""
-        accept, conf = self.empty_inputs(len(active), self.max_depth)
-        idx = np.flatnonzero(active)
-        if len(idx):
-            drift, accepted, c = self.model.step(self.rng, self.quality[idx], self.drift[idx],
-                                                 self.max_depth)
-            self.drift[idx] = drift
-            accept[idx] = accepted
-            conf[idx] = c
-        return accept, conf
+        """(accepted-if-fully-verified [N] i32, fill confidences [N, K] f32) for this step.
+
+        Every slot responds (an idle slot's drift runs on; admission redraws it) to draws made
+        `_BLOCK` steps at a time: this runs on the host every step, in the loop's time."""
+        if self._at == len(self._draws[0]):
+            n, k, b = len(self.quality), self.max_depth, self._BLOCK
+            rng = self.rng
+            self._draws = (rng.standard_normal((b, n)), rng.standard_normal((b, n, k)),
+                           rng.random((b, n, k)), rng.standard_normal((b, n, k)))
+            self._at = 0
+        at, self._at = self._at, self._at + 1
+        self.drift, accepted, conf = self.model.respond(
+            self.quality, self.drift, *(d[at] for d in self._draws))
+        accept = np.where(active, accepted, 0).astype(np.int32)
+        return accept, np.where(active[:, None], conf, 0.0).astype(np.float32)
 
     def fill_confidence(self, state, extra):
         return extra[1]
