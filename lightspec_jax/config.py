@@ -20,10 +20,21 @@ class Policy(str, enum.Enum):
     DSPARK = "dspark"
 
 
+# Drafting methods SpeculativeConfig.method accepts (None: inferred from the drafter).
+DRAFT_METHODS = (None, "eagle3", "draft_lm", "ngram")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpeculativeConfig:
     policy: Policy | str = Policy.NONE
     num_speculative_tokens: int = 0  # K: the (maximum) draft depth
+    # How drafts are made: "eagle3" | "draft_lm" (a checkpoint given as the drafter; None:
+    # inferred from its config.json) or "ngram" (prompt lookup in the request's own tokens,
+    # no model: speculation with only a target), matching n-grams of ngram_max down to
+    # ngram_min tokens.
+    method: str | None = None
+    ngram_min: int = 1
+    ngram_max: int = 3
 
     def __post_init__(self):
         try:
@@ -37,6 +48,13 @@ class SpeculativeConfig:
                              f"width K+1 is at most 16), got {k!r}")
         if self.policy is not Policy.NONE and k == 0:
             raise ValueError(f"policy {self.policy.value!r} needs num_speculative_tokens >= 1")
+        if self.method not in DRAFT_METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r}; choose one of "
+                             f"{[m for m in DRAFT_METHODS if m]} (or None: from the drafter)")
+        if not (isinstance(self.ngram_min, int) and isinstance(self.ngram_max, int)
+                and 1 <= self.ngram_min <= self.ngram_max):
+            raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got "
+                             f"{self.ngram_min!r}, {self.ngram_max!r}")
 
 
 def _default_cache_dir() -> str:

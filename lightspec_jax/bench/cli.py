@@ -119,8 +119,9 @@ def build_parser() -> Parser:
                            help="drafter for the target: an Eagle3 drafter (Hugging Face layout, "
                                 "EAGLE/SpecForge or speculators) or a draft LM (a small Qwen3 "
                                 "sharing the target's vocabulary, e.g. lightspec_jax/assets/"
-                                "tiny-pair/draft-lm); its config.json tells which (default: the "
-                                "shipped tiny pair's Eagle3 drafter)")
+                                "tiny-pair/draft-lm); its config.json tells which; or 'ngram' "
+                                "for prompt lookup in each request's own tokens, no model "
+                                "(default: the shipped tiny pair's Eagle3 drafter)")
         p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                        help="parameter and activation dtype; auto = float32 on a CPU (where "
                             "bfloat16 runs 4-60x slower), bfloat16 on a GPU or TPU")
@@ -214,7 +215,7 @@ def settings(args) -> dict:
     """Every option as given (paths absolute), for the JSON."""
     out = {k: v for k, v in vars(args).items() if k != "command"}
     for key in ("target", "drafter", "out"):
-        if out.get(key):
+        if out.get(key) and out[key] != "ngram":
             out[key] = os.path.abspath(out[key])
     return out
 
@@ -273,7 +274,8 @@ def _check(args, parser: Parser) -> None:
     """Errors argparse cannot express, reported as usage errors of the subcommand."""
     for what in ("target", "drafter"):
         path = getattr(args, what, None)
-        if path is not None and not os.path.isdir(path):
+        if path is not None and not os.path.isdir(path) and not (
+                what == "drafter" and path == "ngram"):
             parser.error(f"--{what} {path!r} is not a directory")
     for what in ("concurrency", "repeats", "num_prompts", "max_tokens", "max_num_seqs",
                  "max_prompt_len", "context"):

@@ -29,8 +29,10 @@ def build_engine(args, *, policy: str, depth: int, concurrency: int, max_model_l
     from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
     from lightspec_jax.engine.buckets import concurrency_buckets
 
+    ngram = args.drafter == "ngram"
     spec = (SpeculativeConfig() if policy == "none" else
-            SpeculativeConfig(policy=policy, num_speculative_tokens=depth))
+            SpeculativeConfig(policy=policy, num_speculative_tokens=depth,
+                              method="ngram" if ngram else None))
     rows = prefill_buckets(concurrency, longest_prompt)
     config = EngineConfig(max_num_seqs=concurrency, max_model_len=max_model_len,
                           dtype=args.dtype, speculative=spec,
@@ -40,8 +42,8 @@ def build_engine(args, *, policy: str, depth: int, concurrency: int, max_model_l
                           verify_buckets=concurrency_buckets(concurrency, depth) if depth else None,
                           synthetic_acceptance=synthetic if depth else None,
                           show_progress=True, **config)
-    return Engine.from_pretrained(args.target, None if policy == "none" else args.drafter,
-                                  config=config)
+    return Engine.from_pretrained(args.target, None if policy == "none" or ngram
+                                  else args.drafter, config=config)
 
 
 def resolved_dtype(dtype: str) -> str:

@@ -3,5 +3,7 @@
 from .base import Drafter, DraftRows, Proposal
 from .draft_lm import DraftLMDrafter
 from .eagle3 import Eagle3Drafter
+from .ngram import NgramDrafter
 
-__all__ = ["Drafter", "DraftLMDrafter", "DraftRows", "Eagle3Drafter", "Proposal"]
+__all__ = ["Drafter", "DraftLMDrafter", "DraftRows", "Eagle3Drafter", "NgramDrafter",
+           "Proposal"]

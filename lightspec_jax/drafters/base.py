@@ -38,12 +38,16 @@ class DraftRows(NamedTuple):
 class Proposal(NamedTuple):
     tokens: jax.Array  # [N, d] int32 target-vocabulary ids
     confidence: jax.Array  # [N, d] f32: the drafter's probability of its own token
+    # [N] int32 drafts each slot really has (a lookup drafter may find fewer than the depth);
+    # None: the whole depth
+    length: jax.Array | None = None
 
 
 class Drafter(abc.ABC):
     """An NNX drafter split once into (graphdef, parameter leaves) for the jitted steps."""
 
     kind: str = "autoregressive"  # or "parallel" (block drafters such as DFlash)
+    method: str = ""  # SpeculativeConfig.method it serves ("eagle3", "draft_lm", "ngram")
     aux_layers: tuple[int, ...] = ()  # target features it reads (residual entering layer j)
 
     def __init__(self, module: nnx.Module):

@@ -24,6 +24,8 @@ from .base import Drafter, DraftRows, chain, top1
 
 
 class DraftLMDrafter(Drafter):
+    method = "draft_lm"
+
     def __init__(self, model: Qwen3, *, temperature: float = 0.0, corrupt_rate: float = 0.0,
                  corrupt_from: int | None = None, seed: int = 0):
         if not 0.0 <= corrupt_rate <= 1.0:

@@ -29,6 +29,8 @@ class Eagle3Cache(NamedTuple):
 
 
 class Eagle3Drafter(Drafter):
+    method = "eagle3"
+
     def __init__(self, model: Eagle3):
         super().__init__(model)
         self.config = model.config

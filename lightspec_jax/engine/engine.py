@@ -26,7 +26,7 @@ import numpy as np
 from lightspec_jax.planner import PlannerSpec, StepObservation, StepPlan, make_planner
 
 from ..config import EngineConfig, Policy, SamplingParams
-from ..drafters import Drafter
+from ..drafters import Drafter, NgramDrafter
 from ..metrics import EngineStats, StepRecord
 from ..request import Request, RequestError, RequestOutput
 from ..tokenizer import Tokenizer, load_eos_ids
@@ -86,8 +86,8 @@ class Engine:
     def __init__(self, model, *, config: EngineConfig = EngineConfig(),
                  tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = (),
                  drafter: Drafter | None = None, verifier=None):
-        """model: a Qwen3 target; drafter: an Eagle3 or draft-LM drafter (speculative
-        policies); verifier: how drafts are accepted (default exact match, lossless; the
+        """model: a Qwen3 target; drafter: an Eagle3, draft-LM or n-gram drafter (speculative
+        policies; with SpeculativeConfig(method="ngram") the engine makes its own); verifier: how drafts are accepted (default exact match, lossless; the
         benchmarks inject `SyntheticAcceptance`, also chosen by `config.synthetic_acceptance`)."""
         self.config = config
         self.model = model
@@ -97,9 +97,15 @@ class Engine:
         spec = config.speculative
         self.policy = spec.policy
         speculative = spec.policy is not Policy.NONE
+        if speculative and drafter is None and spec.method == "ngram":
+            drafter = NgramDrafter(min_n=spec.ngram_min, max_n=spec.ngram_max)
         if speculative and drafter is None:
             raise ValueError(f"policy {spec.policy.value!r} needs a drafter "
-                             "(drafter_path=... or drafter=...)")
+                             "(drafter_path=... or drafter=..., or method='ngram', which needs "
+                             "no model)")
+        if drafter is not None and spec.method is not None and drafter.method != spec.method:
+            raise ValueError(f"method {spec.method!r} was asked for but the drafter given is "
+                             f"{type(drafter).__name__} (method {drafter.method!r})")
         if drafter is not None and not speculative:
             raise ValueError("a drafter was given with policy 'none', which would ignore it: "
                              "choose a speculative policy (SpeculativeConfig(policy='dynamic', "
@@ -194,18 +200,27 @@ class Engine:
         """Loads a Qwen3 target (Hugging Face or converted directory; nothing is downloaded) and,
         optionally, a drafter for it: an Eagle3 drafter (Hugging Face layout: EAGLE/SpecForge
         or speculators) or a small Qwen3 causal LM sharing the target's vocabulary (a draft
-        LM, as transformers' assisted generation uses), told apart by config.json."""
+        LM, as transformers' assisted generation uses), told apart by config.json. With
+        SpeculativeConfig(method="ngram") no drafter is loaded: drafts come from prompt
+        lookup."""
         from ..checkpoint import (DRAFT_LM, EAGLE3, check_same_vocabulary, drafter_kind,
                                   load_eagle3, load_qwen3)
         from ..drafters import DraftLMDrafter, Eagle3Drafter
 
+        method = config.speculative.method
         if drafter_path is not None and config.speculative.policy is Policy.NONE:
             raise ValueError(f"drafter_path={drafter_path!r} was given with policy 'none', which "
                              "would ignore it: choose a speculative policy "
                              "(SpeculativeConfig(policy='dynamic', num_speculative_tokens=K))")
+        if drafter_path is not None and method == "ngram":
+            raise ValueError(f"method 'ngram' drafts from the request's own tokens and takes no "
+                             f"drafter checkpoint, got drafter_path={drafter_path!r}")
         enable_compilation_cache(config.compilation_cache_dir)
         model = load_qwen3(target_path, dtype=config.resolved_dtype)
         kind = None if drafter_path is None else drafter_kind(drafter_path)
+        if kind is not None and method is not None and kind != method:
+            raise ValueError(f"method {method!r} was asked for but {drafter_path!r} holds a "
+                             f"{kind} drafter")
         drafter = None
         if kind == EAGLE3:
             # The target's embedding serves the drafter (SGLang's rule; Eagle3 training keeps

@@ -141,8 +141,9 @@ def draft(target_embed: jax.Array, drafter: Drafter, d_leaves, dcache, state: Sl
                                      seq_len=state.seq_len, drafting=state.drafting,
                                      depth=depth, max_depth=k, target_embed=target_embed)
     keep = state.drafting[:, None]
+    length = depth if proposal.length is None else proposal.length
     return dcache, state._replace(
         draft_tokens=jnp.where(keep, proposal.tokens, state.draft_tokens),
         draft_conf=jnp.where(keep, proposal.confidence, state.draft_conf),
-        proposal_len=jnp.where(state.drafting, depth, state.proposal_len).astype(jnp.int32),
+        proposal_len=jnp.where(state.drafting, length, state.proposal_len).astype(jnp.int32),
         drafting=jnp.zeros_like(state.drafting))

@@ -16,7 +16,7 @@ from lightspec_jax import SamplingParams
 # engine name -> (reference engine fixture, sampled requests too)
 CASES = {"copy_k3": ("plain_engine", False), "eagle3_k5": ("plain_engine", False),
          "dynamic_k4": ("plain_engine", False), "sampling_k3": ("sharp_plain_engine", True),
-         "copy_k5_c32": ("plain_engine", False)}
+         "copy_k5_c32": ("plain_engine", False), "ngram_k4": ("plain_engine", True)}
 
 
 @contextlib.contextmanager

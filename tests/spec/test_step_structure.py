@@ -49,7 +49,7 @@ def registries(engine):
             runner.write_registry)
 
 
-@pytest.mark.parametrize("name", ["eagle3_k5", "dynamic_k4", "sampling_k3", None])
+@pytest.mark.parametrize("name", ["eagle3_k5", "dynamic_k4", "sampling_k3", "ngram_k4", None])
 def test_every_step_variant_is_free_of_host_syncs(name, spec_engines, plain_engine):
     engine = plain_engine if name is None else spec_engines(name)
     checked = 0

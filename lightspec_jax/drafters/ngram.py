@@ -1,0 +1,187 @@
+"""N-gram (prompt lookup) drafting: proposals copied from the request's own tokens, no model.
+
+Each slot keeps its token history on the device (x_p at p, the same positions as the target's
+KV strip). To draft, the slot's last n tokens (its suffix, the bonus token included) are looked
+up in its earlier history, longest n first (max_n down to min_n): the most recent earlier
+occurrence wins, and the tokens that followed it there are the proposal, up to the depth and
+never past the known history. A slot without a match proposes nothing (its proposal length is
+0), so it verifies only its target row. Everything is vectorised over slots inside the draft
+executable: no per-request work on the host. (Prompt lookup decoding as in transformers'
+`PromptLookupCandidateGenerator` and vLLM's `ngram` method; this is our own device form.)
+
+Confidence for the fill, learned online: a proposal from an n-token match is scored by the
+acceptance rate measured so far for n-token matches. When a slot drafts again, its previous
+proposal is checked against the tokens committed since (the target's own tokens up to the first
+rejection): each checked position is one trial, a hit while the draft equals the committed
+token, and the first miss ends the check. The hits and trials per n decay as EMAs on the
+device, starting from a prior (`prior_hits` / `prior_trials`). The planner's own statistics
+set the budget; these confidences only rank rows across requests, so longer, more reliable
+matches are verified first.
+
+Axis legend: N slots, S cache length (positions), K max draft depth, n match length.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .base import Drafter, DraftRows, Proposal
+
+
+class NgramCache(NamedTuple):
+    tokens: jax.Array  # [N, S] i32: x_p at p (positions >= the committed length are stale)
+    last_tokens: jax.Array  # [N, K] i32: each slot's previous proposal
+    last_len: jax.Array  # [N] i32: its length (0: none to check)
+    last_start: jax.Array  # [N] i32: the position its first token would take
+    last_n: jax.Array  # [N] i32: the match length that produced it
+    hits: jax.Array  # [max_n + 1] f32: EMA of accepted positions per match length
+    trials: jax.Array  # [max_n + 1] f32: EMA of checked positions per match length
+
+
+class NgramConfig(NamedTuple):
+    min_n: int
+    max_n: int
+    decay: float  # EMA weight kept per draft step that checks a proposal
+    prior_hits: float
+    prior_trials: float
+
+
+class NgramDrafter(Drafter):
+    """Prompt-lookup drafter (`SpeculativeConfig(method="ngram")`): needs only the target."""
+
+    method = "ngram"
+
+    def __init__(self, *, min_n: int = 1, max_n: int = 3, decay: float = 0.99,
+                 prior_hits: float = 2.0, prior_trials: float = 4.0):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got min_n={min_n}, "
+                             f"max_n={max_n}")
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        if not 0.0 <= prior_hits <= prior_trials or prior_trials <= 0.0:
+            raise ValueError(f"need 0 <= prior_hits <= prior_trials and prior_trials > 0, got "
+                             f"{prior_hits}, {prior_trials}")
+        # No module and no parameters: the drafter is its cache and these settings.
+        self.graphdef, self.param_leaves, self._treedef = None, [], None
+        self.config = NgramConfig(min_n, max_n, decay, prior_hits, prior_trials)
+
+    def module(self, param_leaves):
+        raise TypeError("an n-gram drafter has no module")
+
+    def new_cache(self, *, num_slots: int, cache_len: int) -> NgramCache:
+        n, k, m = num_slots, 16, self.config.max_n + 1  # K <= 15: the widest proposal fits
+        cfg = self.config
+        return NgramCache(tokens=jnp.zeros((n, cache_len), jnp.int32),
+                          last_tokens=jnp.zeros((n, k), jnp.int32),
+                          last_len=jnp.zeros((n,), jnp.int32),
+                          last_start=jnp.zeros((n,), jnp.int32),
+                          last_n=jnp.zeros((n,), jnp.int32),
+                          hits=jnp.full((m,), cfg.prior_hits, jnp.float32),
+                          trials=jnp.full((m,), cfg.prior_trials, jnp.float32))
+
+    def prefill(self, param_leaves, cache, rows: DraftRows, *, target_embed):
+        # A new prompt in a slot: its previous request's proposal is not checked against it.
+        return cache._replace(tokens=_write(cache.tokens, rows),
+                              last_len=cache.last_len.at[rows.slot].set(0, mode="drop"))
+
+    def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, target_embed):
+        # Every verify row's input token at its position: the accepted prefix is the committed
+        # history; rows past it write positions at or beyond the new length, rewritten later.
+        return cache._replace(tokens=_write(cache.tokens, rows))
+
+    def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
+              target_embed):
+        cfg = self.config
+        n, s = cache.tokens.shape
+        rows = jnp.arange(n)
+        # The bonus token sits at seq_len (its KV is not written yet): history 0 .. seq_len.
+        tokens = cache.tokens.at[rows, jnp.clip(seq_len, 0, s - 1)].set(last_token)
+        length = jnp.minimum(seq_len + 1, s)  # [N] known tokens
+        hits, trials = _learn(cache, tokens, length, drafting, cfg.decay)
+
+        start = jnp.full((n,), -1, jnp.int32)  # continuation position of the chosen match
+        matched = jnp.zeros((n,), jnp.int32)  # its length n (0: none)
+        for size in range(cfg.max_n, cfg.min_n - 1, -1):  # longest first: it wins
+            at = _last_match(tokens, length, size)  # [N] match start or -1
+            take = (matched == 0) & (at >= 0)
+            start = jnp.where(take, at + size, start)
+            matched = jnp.where(take, size, matched)
+        offsets = jnp.arange(max_depth)  # [K]
+        pos = start[:, None] + offsets[None, :]  # [N, K]
+        known = ((matched > 0)[:, None] & (pos < length[:, None])
+                 & (offsets[None, :] < depth) & drafting[:, None])
+        proposal = jnp.where(known, jnp.take_along_axis(tokens, jnp.clip(pos, 0, s - 1), 1), 0)
+        count = known.sum(axis=1).astype(jnp.int32)  # [N] (a prefix: pos only grows)
+        rate = hits / jnp.maximum(trials, 1e-6)  # [max_n + 1]
+        confidence = jnp.where(known, rate[matched][:, None], 0.0).astype(jnp.float32)
+
+        width = cache.last_tokens.shape[1]
+        keep = drafting
+        cache = cache._replace(
+            tokens=tokens, hits=hits, trials=trials,
+            last_tokens=jnp.where(keep[:, None], _pad(proposal, width), cache.last_tokens),
+            last_len=jnp.where(keep, count, cache.last_len),
+            # Draft j lands at seq_len + 1 + j, after the bonus token.
+            last_start=jnp.where(keep, seq_len + 1, cache.last_start),
+            last_n=jnp.where(keep, matched, cache.last_n))
+        return cache, Proposal(proposal.astype(jnp.int32), confidence, length=count)
+
+
+def _write(history: jax.Array, rows: DraftRows) -> jax.Array:
+    """history [N, S] with rows.token written at (rows.slot, rows.position); padding rows
+    (slot N) and positions past the strip are dropped."""
+    n, s = history.shape
+    slot = jnp.where(rows.position < s, rows.slot, n)
+    return history.at[slot, rows.position].set(rows.token.astype(jnp.int32), mode="drop")
+
+
+def _last_match(tokens: jax.Array, length: jax.Array, size: int) -> jax.Array:
+    """[N] the largest p with tokens[p : p + size] equal to the last `size` known tokens and
+    p + size < length (so a token follows it), or -1. tokens [N, S], length [N]."""
+    n, s = tokens.shape
+    if size >= s:
+        return jnp.full((n,), -1, jnp.int32)
+    suffix_at = jnp.clip(length - size, 0, s - 1)  # [N]
+    width = s - size  # candidate starts 0 .. S - size - 1
+    same = jnp.ones((n, width), bool)
+    for j in range(size):
+        want = jnp.take_along_axis(tokens, jnp.clip(suffix_at + j, 0, s - 1)[:, None], 1)
+        same &= tokens[:, j:j + width] == want  # [N, S - size]
+    p = jnp.arange(width)
+    ok = same & (p[None, :] + size < length[:, None]) & (length[:, None] > size)
+    return jnp.max(jnp.where(ok, p[None, :], -1), axis=1).astype(jnp.int32)
+
+
+def _learn(cache: NgramCache, tokens: jax.Array, length: jax.Array, drafting: jax.Array,
+           decay: float) -> tuple[jax.Array, jax.Array]:
+    """The hit/trial EMAs after checking each drafting slot's previous proposal against the
+    tokens committed since: positions up to and including the first miss, as far as known."""
+    n, s = tokens.shape
+    width = cache.last_tokens.shape[1]
+    offsets = jnp.arange(width)
+    pos = cache.last_start[:, None] + offsets[None, :]  # [N, W]
+    known = (offsets[None, :] < cache.last_len[:, None]) & (pos < length[:, None])
+    # The bonus token was the target's own at the first rejection: known positions compare
+    # the draft with the target's token, exactly the verification's test.
+    equal = cache.last_tokens == jnp.take_along_axis(tokens, jnp.clip(pos, 0, s - 1), 1)
+    hit = known & (jnp.cumprod(equal.astype(jnp.int32), axis=1) > 0)  # [N, W] leading hits
+    # Checked: every hit, and the first known miss after them.
+    first_miss = known & ~equal & (jnp.concatenate(
+        [jnp.ones((n, 1), bool), hit[:, :-1]], axis=1))
+    checked = hit | first_miss
+    use = drafting & (cache.last_len > 0) & (cache.last_n > 0)  # [N]
+    m = cache.hits.shape[0]
+    by_n = jax.nn.one_hot(jnp.where(use, cache.last_n, m), m, dtype=jnp.float32)  # [N, m]
+    new_hits = by_n.T @ hit.sum(axis=1).astype(jnp.float32)  # [m]
+    new_trials = by_n.T @ checked.sum(axis=1).astype(jnp.float32)
+    seen = new_trials > 0
+    hits = jnp.where(seen, decay * cache.hits + new_hits, cache.hits)
+    trials = jnp.where(seen, decay * cache.trials + new_trials, cache.trials)
+    return hits, trials
+
+
+def _pad(x: jax.Array, width: int) -> jax.Array:
+    return jnp.pad(x, ((0, 0), (0, width - x.shape[1])))
