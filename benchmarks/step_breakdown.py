@@ -2,9 +2,9 @@
 
     python benchmarks/step_breakdown.py OUT_DIR [--dry-run] [--trace]
 
-Builds one random target (Qwen3-0.6B-shaped, bf16; tiny in a dry run) and times, per step, the
-compiled decode executables that serving runs at N = 256 slots with CTX tokens of live context
-each, dispatched back to back (as the overlapped loop does) and waited on once:
+Builds one random target (Qwen3-0.6B-shaped, bf16, by default; the shipped pair's shape with
+--shape shipped; tiny in a dry run) and times, per step, the compiled decode executables that
+serving runs at N slots (256) with CTX tokens of live context each, dispatched back to back (as the overlapped loop does) and waited on once:
 
     plain          the plain engine's step: no drafter, a 1-wide proposal state (K = 1)
     plain_K        the same step on the speculative engine's K-wide state, no drafter
@@ -35,6 +35,8 @@ sys.path.insert(0, ROOT)
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
                  num_heads=16, num_kv_heads=8, head_dim=128, tie_word_embeddings=True)
 VARIANTS = ("plain", "plain_K", "floor_no_commit", "floor", "spec")
+SHIPPED = dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=8,
+               num_heads=4, num_kv_heads=2, head_dim=64, tie_word_embeddings=True)  # tiny pair
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=8, num_heads=4,
             num_kv_heads=2, head_dim=32, tie_word_embeddings=True)
 
@@ -69,6 +71,11 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU")
+    ap.add_argument("--shape", choices=("qwen3-0.6b", "shipped"), default="qwen3-0.6b",
+                    help="target shape (random weights): Qwen3-0.6B or the shipped tiny pair's")
+    ap.add_argument("--slots", type=int, default=256, help="N")
+    ap.add_argument("--depth", type=int, default=11, help="K")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--trace", action="store_true", help="kernel summary from jax.profiler")
     ap.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     ap.add_argument("--context", type=int, default=100, help="live tokens per slot")
@@ -96,9 +103,10 @@ def main(argv=None) -> dict:
         def commit(self, param_leaves, cache, rows, *, tail_row, target_embed):
             return cache
 
-    n, k = (4, 3) if args.dry_run else (256, 11)
-    dtype = jnp.float32 if args.dry_run else jnp.bfloat16
-    cfg = Qwen3Config(**(TINY if args.dry_run else QWEN3_06B))
+    n, k = (4, 3) if args.dry_run else (args.slots, args.depth)
+    dtype = jnp.float32 if args.dry_run else getattr(jnp, args.dtype)
+    shape = TINY if args.dry_run else SHIPPED if args.shape == "shipped" else QWEN3_06B
+    cfg = Qwen3Config(**shape)
     target = Qwen3(cfg, dtype=dtype, rngs=nnx.Rngs(0))
     eagle = Eagle3(Eagle3Config.for_target(cfg), dtype=dtype, rngs=nnx.Rngs(1))
     cache_len = 16 * -(-(args.context + 2 * args.steps * (k + 1) + 64) // 16)
