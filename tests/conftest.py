@@ -19,6 +19,17 @@ jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE_DIR))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
+@pytest.fixture(autouse=True, scope="module")
+def _drop_jit_caches():
+    """XLA:CPU maps each executable's code into memory on its own, and the kernel caps a
+    process's memory maps (vm.max_map_count, usually 65530): the whole suite in one process
+    passed that cap and crashed inside XLA (mmap failing, a segfault at ~65k maps). JAX's jit
+    caches (eager ops, kernels' many interpret-mode shapes) are dropped after each module; the
+    engines that session fixtures keep hold their executables themselves and are untouched."""
+    yield
+    jax.clear_caches()
+
+
 # Variants the parity tests sweep: tied/untied, sharded/single, rope theta != 1e4,
 # head_dim != hidden/heads (32 != 64/4).
 CHECKPOINTS = {

@@ -1,12 +1,14 @@
 """Speculative engines shared by the lossless tests (compiled once per session)."""
 
+import dataclasses
+
 import pytest
 
 from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
 from lightspec_jax.checkpoint import load_qwen3
 from flax import nnx
 
-from lightspec_jax.drafters import DraftLMDrafter, Eagle3Drafter, NgramDrafter
+from lightspec_jax.drafters import DraftLMDrafter, Eagle3Drafter
 from lightspec_jax.models import Eagle3, Eagle3Config, Qwen3, Qwen3Config
 
 BASE = dict(dtype="float32", max_model_len=80, max_num_batched_tokens=32,
@@ -28,7 +30,8 @@ SPEC_ENGINES = {
     # The planner's policies, with the corrupted copy drafter.
     "dynamic_k4": (4, 4, (4, 6, 8, 12, 16, 20), "copy", 0.2, "dynamic"),
     "dspark_k3": (4, 3, (4, 8, 12, 16), "copy", 0.2, "dspark"),
-    # Prompt lookup (no model): the tiny targets repeat themselves, so matches come often.
+    # Prompt lookup (no model; SpeculativeConfig(method="ngram"), n-grams of 1-3 tokens): the
+    # tiny targets repeat themselves, so matches come often.
     "ngram_k4": (6, 4, (6, 12, 18, 24, 30), "ngram", 0.0, "dynamic"),
 }
 
@@ -66,8 +69,6 @@ def random_eagle3(target_cfg, *, draft_vocab=128, seed=4):
 
 
 def make_drafter(kind, target_dir, corrupt_rate):
-    if kind == "ngram":
-        return NgramDrafter(min_n=1, max_n=3)
     if kind == "copy":
         return DraftLMDrafter(load_qwen3(target_dir), corrupt_rate=corrupt_rate, seed=7)
     if kind == "copy_sampling":
@@ -94,8 +95,12 @@ def spec_engines(target_dir, sharp_checkpoint):
                                       policy=policy[0] if policy else "static",
                                       num_speculative_tokens=depth),
                                   **BASE)
+            if kind == "ngram":  # the engine makes its own drafter from the method
+                config = dataclasses.replace(config, speculative=dataclasses.replace(
+                    config.speculative, method="ngram"))
             cache[name] = Engine(load_qwen3(target_dir_), config=config,
-                                 drafter=make_drafter(kind, target_dir_, rate),
+                                 drafter=None if kind == "ngram" else
+                                 make_drafter(kind, target_dir_, rate),
                                  eos_token_ids=(1,))
         return cache[name]
     return get

@@ -78,12 +78,10 @@ def test_confidence_learns_the_hit_rate_of_each_match_length():
     assert hits[1] == pytest.approx(1.0) and trials[1] == pytest.approx(2.0)  # untouched
 
 
-def test_method_ngram_needs_no_drafter_and_speculates(target_dir, plain_engine):
-    config = EngineConfig(max_num_seqs=4, verify_buckets=(4, 8, 12, 16, 20),
-                          speculative=SpeculativeConfig(policy="static", num_speculative_tokens=4,
-                                                        method="ngram"), **BASE)
-    engine = Engine(load_qwen3(target_dir), config=config, eos_token_ids=(1,))
+def test_method_ngram_needs_no_drafter_and_speculates(spec_engines, plain_engine):
+    engine = spec_engines("ngram_k4")  # built from method="ngram", no drafter given
     assert isinstance(engine.drafter, NgramDrafter)
+    assert engine.drafter.config[:2] == (1, 3)  # SpeculativeConfig's default n-gram sizes
     prompts = [[7, 8, 9, 10] * 6, [40, 41] * 8]
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     outs = engine.generate(prompts, params)
