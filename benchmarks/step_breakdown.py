@@ -4,13 +4,14 @@
 
 Builds one random target (Qwen3-0.6B-shaped, bf16, by default; the shipped pair's shape with
 --shape shipped; tiny in a dry run) and times, per step, the compiled decode executables that
-serving runs at N slots (256) with CTX tokens of live context each, dispatched back to back (as the overlapped loop does) and waited on once:
+serving runs at N slots (256) with CTX tokens of live context each, dispatched back to back
+(as the overlapped loop does) and waited on once:
 
-    plain          the plain engine's step: no drafter, a 1-wide proposal state (K = 1)
-    plain_K        the same step on the speculative engine's K-wide state, no drafter
-    floor          the speculative engine's verify step at B = N: aux layers + drafter commit
-    floor_no_commit    the same with the drafter's cache writes left out (aux layers kept)
-    spec B, d      a verify at B rows, then the draft step of depth d
+    plain            the plain engine's step: no drafter, a 1-wide proposal state (K = 1)
+    plain_K          the same step on the speculative engine's K-wide state, no drafter
+    floor            the speculative engine's verify step at B = N: aux layers + drafter commit
+    floor_no_commit  the same with the drafter's cache writes left out (aux layers kept)
+    spec B, d        a verify at B rows, then the draft step of depth d
 
 The differences say what the floor pays over a plain step (the planner's cheapest choice
 must cost what plain decoding costs). With --trace each variant also runs three steps under

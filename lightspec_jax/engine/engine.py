@@ -87,8 +87,9 @@ class Engine:
                  tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = (),
                  drafter: Drafter | None = None, verifier=None):
         """model: a Qwen3 target; drafter: an Eagle3, draft-LM or n-gram drafter (speculative
-        policies; with SpeculativeConfig(method="ngram") the engine makes its own); verifier: how drafts are accepted (default exact match, lossless; the
-        benchmarks inject `SyntheticAcceptance`, also chosen by `config.synthetic_acceptance`)."""
+        policies; with SpeculativeConfig(method="ngram") the engine makes its own); verifier:
+        how drafts are accepted (default exact match, lossless; the benchmarks inject
+        `SyntheticAcceptance`, also chosen by `config.synthetic_acceptance`)."""
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
