@@ -376,8 +376,8 @@ def print_report(label: str, analysis: dict, planner, startup_table: dict,
         # The planner's per-key evidence is internal state (read, never changed).
         keys = stats._progress
         light = {k: e for k, e in keys.items() if e[3] < 1.0}
-        gaps = np.array([(e[3], abs(e[0] - float(stats._prior(n, np.array([u]), d)[0])))
-                         for (n, u, d), e in keys.items()]).reshape(-1, 2)
+        gaps = np.array([(e[3], abs(e[0] - float(stats._prior(n, np.array([u]), d, None)[0])))
+                         for (n, u, d, *_class), e in keys.items()]).reshape(-1, 2)
         w_light = gaps[:, 0] < 1
         print(f"progress keys: {len(keys)}; with less than one full-weight step of evidence "
               f"(W < 1, i.e. < sample_floor={stats.sample_floor} requests): {len(light)}; "
