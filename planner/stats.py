@@ -295,7 +295,7 @@ class AcceptanceStats:
         idx = np.flatnonzero(measured)
         if idx.size > 1:
             cap = 1.0 / (1.0 - self.survival_decay)  # an EMA's effective sample weight
-            s[idx] = _non_increasing(survival[idx], np.minimum(weights[idx], cap))
+            s[idx] = non_increasing(survival[idx], np.minimum(weights[idx], cap))
         s[0] = 0.0
         return s
 
@@ -350,7 +350,7 @@ def _same_mix(a, b) -> bool:
             and float(np.abs(a[1] - b[1]).max()) <= 0.02)
 
 
-def _non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted least-squares fit of a non-increasing sequence (pool adjacent violators)."""
     blocks: list[list[float]] = []  # [weighted mean, weight, length]
     for v, w in zip(values.tolist(), np.maximum(weights, 1e-12).tolist()):

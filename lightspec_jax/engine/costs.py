@@ -25,9 +25,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tqdm.auto import tqdm
 
 from lightspec_jax.planner import CostTable
+from lightspec_jax.planner.stats import non_increasing
 
 from .batch import SlotState
 from .runner import ModelRunner
@@ -71,8 +73,8 @@ class CostProfile:
 # drafter's cache, and the commit forward is priced apart from the verify; 4: drafting is its
 # own executable per depth, the verify step writes the drafter's cache at every depth; 5: the
 # sweep waits for the draft step, not just the read-back; 6: steps timed back to back with
-# full proposals, as serving runs them).
-SWEEP_VERSION = 6
+# full proposals, as serving runs them; 7: depth prices fitted non-decreasing).
+SWEEP_VERSION = 7
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -81,8 +83,6 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
     weights), dtype, slots, buckets, depths, cache length, device kind and library versions.
     Any change gives another key, so a stale table is never loaded."""
     import hashlib
-
-    import numpy as np
 
     leaves = list(runner._t_leaves) + list(runner._d_leaves)
     # The first 8 values of every leaf, gathered in one small executable (not a full copy).
@@ -173,8 +173,12 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
         if len(pair) == 2:
             added[pair[1]] = timed[1] - timed[0]  # what the draft step of depth d adds
     runner.state = SlotState.empty(n, runner.max_depth)
-    # Drafting never costs less than nothing: a negative difference is timing noise.
-    depth_ms = {d: max(added[d], _PLACEHOLDER_MS) for d in depths}
+    # Drafting deeper never costs less, nor does drafting cost less than nothing: a depth
+    # priced below a shallower one (each price is a difference of two timings) is timing
+    # noise, which a non-decreasing least-squares fit removes - left in, it would make the
+    # planner draft deeper for "free".
+    fitted = -non_increasing(-np.array([added[d] for d in depths]), np.ones(len(depths)))
+    depth_ms = {d: max(float(ms), _PLACEHOLDER_MS) for d, ms in zip(depths, fitted)}
     total_context = n * context
     return CostProfile(target=CostTable({b: ms[b, 0] for b in sizes}, context_len=total_context),
                        draft=CostTable({b: _PLACEHOLDER_MS for b in sizes},

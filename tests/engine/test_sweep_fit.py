@@ -1,0 +1,28 @@
+"""The sweep's depth prices: differences of two noisy timings, fitted so a deeper draft never
+costs less than a shallower one (or than nothing)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from lightspec_jax.engine import costs
+
+
+def test_depth_prices_never_fall_with_depth(monkeypatch):
+    # Timed (depth 0, depth d) pairs at the home bucket: d = 2 and d = 4 came out cheap.
+    added = {1: 0.68, 2: 0.52, 3: 0.96, 4: 0.46, 5: 1.20, 6: -0.1}
+
+    def fake_time(runner, rows, depths, *, context, steps, repeats):
+        return [10.0] if depths == (0,) else [10.0, 10.0 + added[depths[1]]]
+
+    monkeypatch.setattr(costs, "_time_decode", fake_time)
+    registry = SimpleNamespace(sizes=(4, 8, 16), pick=lambda n: 4)
+    runner = SimpleNamespace(decode_registry=registry, num_slots=4, max_depth=6, cache_len=256)
+    profile = costs.profile_costs(runner, depths=tuple(added), show_progress=False)
+    prices = [profile.draft_depth_ms[d] for d in sorted(added)]
+    assert np.all(np.diff(prices) >= 0) and min(prices) > 0
+    # Least squares: pooled neighbours take their mean, the rest keep their timing.
+    # (0.96, 0.46) pool to 0.71, which then exceeds the pool (1.20, -0.1) = 0.55: all four
+    # pool to 0.63.
+    np.testing.assert_allclose(prices, [0.60, 0.60, 0.63, 0.63, 0.63, 0.63])
+    assert profile.target.estimate(8) == 10.0
