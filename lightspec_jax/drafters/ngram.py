@@ -119,14 +119,13 @@ class NgramDrafter(Drafter):
         confidence = jnp.where(known, rate[matched][:, None], 0.0).astype(jnp.float32)
 
         width = cache.last_tokens.shape[1]
-        keep = drafting
         cache = cache._replace(
             tokens=tokens, hits=hits, trials=trials,
-            last_tokens=jnp.where(keep[:, None], _pad(proposal, width), cache.last_tokens),
-            last_len=jnp.where(keep, count, cache.last_len),
+            last_tokens=jnp.where(drafting[:, None], _pad(proposal, width), cache.last_tokens),
+            last_len=jnp.where(drafting, count, cache.last_len),
             # Draft j lands at seq_len + 1 + j, after the bonus token.
-            last_start=jnp.where(keep, seq_len + 1, cache.last_start),
-            last_n=jnp.where(keep, matched, cache.last_n))
+            last_start=jnp.where(drafting, seq_len + 1, cache.last_start),
+            last_n=jnp.where(drafting, matched, cache.last_n))
         return cache, Proposal(proposal.astype(jnp.int32), confidence, length=count)
 
 
