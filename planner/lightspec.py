@@ -63,6 +63,11 @@ class LightSpecOptions:
     # The statistics move a few percent per step at most, and deciding is most of plan()'s
     # host time, which is step time (the engine reuses for 4 steps).
     replan_every: int = 1
+    # The batch's acceptance level (level.py): a filtered logit offset of the pooled survival,
+    # mean-reverting with `level_rho` per learned step, whose spread across single requests is
+    # level_variance (logit^2; an N-request batch's mean: level_variance / N). 0 turns it off.
+    level_variance: float = 0.5
+    level_rho: float = 0.95
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -96,7 +101,9 @@ class LightSpecPlanner(BasePlanner):
                                      half_life=self.options.stat_half_life,
                                      sample_floor=self.options.sample_floor,
                                      full_width_from_survival=(
-                                         self.options.full_width_from_survival))
+                                         self.options.full_width_from_survival),
+                                     level_rho=self.options.level_rho,
+                                     level_variance=self.options.level_variance)
         self._probe_depth = 0  # depth of the pending probe's proposal; 0: no probe pending
         self._last_probe_step = 0
         self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
@@ -108,6 +115,8 @@ class LightSpecPlanner(BasePlanner):
     def _plan(self, *, n: int, m: int, d_prev: int, available: int,
               confidences: np.ndarray | None) -> StepPlan:
         self.stats.set_batch(self._classes)
+        if m < n:
+            self.stats.admit(n - m, n)
         if not (self.has_costs and self.stats.has_progress):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
                               depth=self._cold_depth(), reason="cold")

@@ -43,6 +43,10 @@ Additions of ours:
   curves weighted by their share of its requests (the pooled curve for a class not yet
   measured), and exact-key EMAs are keyed by the batch's class too (-1: a mixed batch).
   set_batch() tells the statistics which batch the next estimates are for;
+* the batch's level (level.py): the pooled curves average many requests over hundreds of
+  steps; at low concurrency the batch is a few requests whose acceptance sits above or below
+  that average and drifts. A filtered logit offset, fed by the same full-width steps, moves
+  the curve's conditional acceptances to the current batch's level (level_variance=0: off);
 * estimator="interpolate" (ablation, after LightLLM's first commit b1623cad3, §10): per-length
   ratios r[l] = E[min(accepted, l)] / l from every eligible step, interpolated linearly in
   fractional draft rows per request s = u/N - 1, blended with the EMA by sample count
@@ -54,6 +58,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .level import LevelShift
+
 ESTIMATORS = ("survival", "interpolate")
 
 
@@ -64,7 +70,8 @@ class AcceptanceStats:
                  survival_decay: float = 0.9, ratio_decay: float = 0.95,
                  estimator: str = "survival", blend_samples: int = 10,
                  half_life: float | None = None, sample_floor: int = 1,
-                 full_width_from_survival: bool = False) -> None:
+                 full_width_from_survival: bool = False, level_rho: float = 0.95,
+                 level_variance: float = 0.0) -> None:
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
         for name, value in (("progress_decay", progress_decay), ("survival_decay", survival_decay),
@@ -91,6 +98,8 @@ class AcceptanceStats:
         # (N, d) -> {u: the same entry}: plan() asks for every u at one (N, d)
         self._by_nd: dict[tuple[int, int], dict[int, list]] = {}
         self._filled: tuple[np.ndarray, np.ndarray] | None = None  # survival cache, see _levels
+        self._base: np.ndarray | None = None  # the same survival before the level shift
+        self.level = LevelShift(rho=level_rho, variance=level_variance)
         # sampling class -> [survival [K+1], weight [K+1]]; the pooled curve is self.survival
         self._by_class: dict[int, list[np.ndarray]] = {}
         self._class_fits: dict[int, np.ndarray] = {}  # class -> its fitted curve (cache)
@@ -135,6 +144,9 @@ class AcceptanceStats:
         if full_width:
             whole = np.ones(accept.shape, bool) if verify_lens is None else (
                 np.asarray(verify_lens) == depth + 1)  # [N] uncensored requests
+            if self.level.enabled and self.has_survival:  # predicted before this step counts
+                self._levels()
+                self.level.update(self._base, accept[whole], depth)
             self._record_survival(self.survival, self._survival_weight, accept[whole], depth)
             if classes is not None:
                 labels = np.asarray(classes)[whole]
@@ -156,6 +168,12 @@ class AcceptanceStats:
             survived = (accept[None, :] > j[:, None]).mean(axis=1)  # [d]
             _update(values, weights, slice(1, depth + 1), survived,
                     min(1.0, accept.size / self.sample_floor), self.survival_decay)
+
+    def admit(self, new: int, total: int) -> None:
+        """`new` of the next batch's `total` requests have no acceptance history yet."""
+        if self.level.enabled and new > 0:
+            self.level.admit(new, total)
+            self._filled = None
 
     def set_batch(self, classes: np.ndarray | None) -> None:
         """The sampling classes ([N]) of the batch the next estimates are for (None: all 0)."""
@@ -212,7 +230,7 @@ class AcceptanceStats:
         u = np.asarray(fill_rows, dtype=np.int64)  # [C]
         prior = self._prior(n, u, depth, room)  # [C]
         out = prior.copy()
-        self._blend(out, prior, n, u, int(depth), now)
+        self._blend(out, prior, n, u, int(depth), now, room)
         return out
 
     def progress_grid(self, num_requests: int, fill_rows: np.ndarray, depths: np.ndarray, *,
@@ -230,15 +248,19 @@ class AcceptanceStats:
             prior = np.ones(u.shape)
         out = prior.copy()
         for i, d in enumerate(depths.tolist()):
-            self._blend(out[i], prior[i], n, u[i], d, now)
+            self._blend(out[i], prior[i], n, u[i], d, now, room)
         return out
 
     def _blend(self, out: np.ndarray, prior: np.ndarray, n: int, u: np.ndarray, depth: int,
-               now: int) -> None:
+               now: int, room: np.ndarray | None = None) -> None:
         """Moves out[i] (in place) to the exact-key EMA of (N, u[i], d) where one exists."""
         entries = self._by_nd.get((n, depth, self._batch_key))
         if not entries:
             return
+        # A key's EMA is the pooled level's; the batch's level moves it as it moves the fill.
+        shift = 0.0 * prior
+        if self.level.delta != 0.0 and self.has_survival and self.estimator == "survival":
+            shift = prior - self._survival_fill(n, u, depth, room, shifted=False)
         exact_full = (self.full_width_from_survival
                       and np.isfinite(self.survival[1:min(depth, self.max_depth) + 1]).all())
         for i, rows in enumerate(u.tolist()):
@@ -252,7 +274,7 @@ class AcceptanceStats:
                 weight *= 0.5 ** (max(0, now - e[2]) / self.half_life)
             if self.estimator == "interpolate":
                 weight *= min(1.0, e[1] / self.blend_samples)
-            out[i] = weight * e[0] + (1.0 - weight) * prior[i]
+            out[i] = weight * (e[0] + shift[i]) + (1.0 - weight) * prior[i]
 
     def _prior(self, n: int, u: np.ndarray, depth: int, room: np.ndarray | None
                ) -> np.ndarray:
@@ -278,6 +300,8 @@ class AcceptanceStats:
                 labels, shares = self._batch_mix
                 s = sum(share * (self._class_fit(c) if c in self._by_class else s)
                         for c, share in zip(labels.tolist(), shares.tolist()))
+            self._base = s
+            s = self.level.apply(s)
             self._filled = (s, np.cumsum(s))
         return self._filled
 
@@ -299,15 +323,18 @@ class AcceptanceStats:
         s[0] = 0.0
         return s
 
-    def _survival_fill(self, n: int, u: np.ndarray, depth, room: np.ndarray | None = None
-                       ) -> np.ndarray:
+    def _survival_fill(self, n: int, u: np.ndarray, depth, room: np.ndarray | None = None, *,
+                       shifted: bool = True) -> np.ndarray:
         """The fill level by level: depth 1 for every request, then depth 2, ...; each row at
         depth j commits s[j]. Level j holds c[j] rows, the requests with room for a j-th draft
         (all N without `room`). With R[f] = c[1] + ... + c[f] rows in the first f levels and
         r = u - N draft rows to place: the f levels with R[f] <= r (at most d) commit
         sum_j c[j] s[j], and the r - R[f] rows of level f+1 commit s[f+1] each.
-        depth: an int, or an int array broadcasting against u."""
+        depth: an int, or an int array broadcasting against u. shifted=False: the pooled level,
+        before the batch's level shift."""
         s, _ = self._levels()
+        if not shifted:
+            s = self._base
         k = self.max_depth
         if room is None:
             counts = np.full(k + 1, n, dtype=np.int64)

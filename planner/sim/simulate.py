@@ -83,7 +83,8 @@ POLICIES: dict[str, Policy] = {
     "dynamic-lightllm": Policy(
         label="dynamic as LightLLM's final planner", kind="dynamic", max_depth=11,
         options=(("refresh_costs", False), ("explore_fraction", 0.0), ("stat_half_life", None),
-                 ("sample_floor", 1), ("full_width_from_survival", False)),
+                 ("sample_floor", 1), ("full_width_from_survival", False),
+                 ("level_variance", 0.0)),
         floor=False),  # LightLLM's eagle3 mode allows depths 1..K only (§5)
     "dynamic-no-floor": Policy(label="dynamic, no depth-0 floor", kind="dynamic",
                                max_depth=11, floor=False),
@@ -91,13 +92,15 @@ POLICIES: dict[str, Policy] = {
                                  max_depth=11, options=(("refresh_costs", False),)),
     "dynamic-no-explore": Policy(label="dynamic, no probes/aging", kind="dynamic", max_depth=11,
                                  options=(("explore_fraction", 0.0), ("stat_half_life", None))),
+    "dynamic-no-level": Policy(label="dynamic, pooled level only", kind="dynamic",
+                               max_depth=11, options=(("level_variance", 0.0),)),
     "dynamic-interp": Policy(label="dynamic, interpolation estimator", kind="dynamic",
                              max_depth=11, options=(("estimator", "interpolate"),)),
     "dspark-11": Policy(label="DSpark-style K=11", kind="dspark", max_depth=11),
 }
 MAIN_POLICIES = ("static-3", "static-11", "dynamic", "dspark", "oracle")
 ABLATION_POLICIES = ("dynamic", "dynamic-lightllm", "dynamic-no-floor", "dynamic-no-refresh",
-                     "dynamic-no-explore", "dynamic-interp", "dspark-11")
+                     "dynamic-no-explore", "dynamic-no-level", "dynamic-interp", "dspark-11")
 CONCURRENCIES = (1, 4, 16, 64, 256)
 
 
