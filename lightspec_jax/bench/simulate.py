@@ -69,7 +69,8 @@ def _available(names: dict[str, str]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The simulator's options (defaults from its module, so the two CLIs cannot drift)."""
-    from lightspec_jax.planner.sim.simulate import CONCURRENCIES, MAIN_POLICIES, add_run_arguments
+    from lightspec_jax.planner.sim.cli import add_run_arguments
+    from lightspec_jax.planner.sim.simulate import CONCURRENCIES, MAIN_POLICIES
     from lightspec_jax.planner.synthetic import PROFILES
 
     p.add_argument("--profiles", nargs="+", default=["chat"], choices=sorted(PROFILES),
@@ -96,9 +97,10 @@ def _policy_arg(text: str) -> str:
 def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
     from lightspec_jax.planner.sim.costmodel import TableCostModel
     from lightspec_jax.planner.sim.report import format_report
+    from lightspec_jax.planner.sim.cli import (config_options, describe_costs,
+                                               roofline_overrides, run_task)
     from lightspec_jax.planner.sim.simulate import (ABLATION_POLICIES, MAIN_POLICIES, SimConfig,
-                                                    config_options, default_requests,
-                                                    describe_costs, roofline_overrides, run_task)
+                                                    default_requests)
     from lightspec_jax.planner.synthetic import PROFILES
 
     overrides = roofline_overrides(args)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lightspec_jax.planner import PlannerSpec
+from lightspec_jax.planner.sim import cli as simulate_cli
 from lightspec_jax.planner.sim import simulate
 from lightspec_jax.planner.sim.costmodel import (RooflineCostModel, TableCostModel, profile_host,
                                                  profile_tables)
@@ -165,13 +166,13 @@ def test_roofline_profile_round_trips_through_a_table_file(tmp_path):
 
 def test_cli_help_and_a_small_run(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        simulate.main(["--help"])
+        simulate_cli.main(["--help"])
     assert exit_info.value.code == 0
     assert "--cost-table" in capsys.readouterr().out
     table = tmp_path / "tables.json"
-    assert simulate.main(["--write-cost-table", str(table)]) == 0
+    assert simulate_cli.main(["--write-cost-table", str(table)]) == 0
     out = tmp_path / "runs.json"
-    assert simulate.main(["--profiles", "math", "--concurrency", "2", "--requests", "6",
+    assert simulate_cli.main(["--profiles", "math", "--concurrency", "2", "--requests", "6",
                           "--policies", "static-3", "dynamic", "--cost-table", str(table),
                           "--jobs", "1", "--json", str(out)]) == 0
     report = capsys.readouterr().out
