@@ -38,7 +38,10 @@ class BasePlanner:
         is given). depth_costs (optional): ms of the whole drafting stage after that first
         forward, keyed by depth d, for engines that time it per depth (objective.draft_cost_ms).
         host_costs (optional): the serving loop's host ms per step by requests N, refreshed by
-        observe_host(); with `overlap` a step costs max(device, host), else their sum.
+        observe_host(); with `overlap` a step costs max(device, host), else their sum. Steps
+        that draft are timed apart (host_draft_costs, learned online only): they dispatch a
+        second executable and do more bookkeeping, and one table for both would price
+        drafting at whichever regime the planner sat in.
         reprice_every: plan() prices every bucket once and reuses the prices for up to this
         many calls while N and the context stay put (within 2%), even if the online refresh
         moved the tables meanwhile: pricing is most of plan()'s time, and one refreshed
@@ -51,6 +54,7 @@ class BasePlanner:
         self.draft_costs = draft_costs if draft_costs is not None else CostTable()
         self.depth_costs = depth_costs if depth_costs is not None else CostTable()
         self.host_costs = host_costs if host_costs is not None else CostTable()
+        self.host_draft_costs = CostTable()  # host ms of steps that draft, by N
         self.overlap = bool(overlap)
         self.refresh_costs = refresh_costs
         if reprice_every < 1:
@@ -148,14 +152,17 @@ class BasePlanner:
             if sample is not None:
                 self._record(sample)
 
-    def observe_host(self, *, num_requests: int, host_ms: float) -> None:
-        """Fold the loop's measured host ms of a decode step with N requests (EMA by N)."""
+    def observe_host(self, *, num_requests: int, host_ms: float, drafted: bool = False) -> None:
+        """Fold the loop's measured host ms of a decode step with N requests (EMA by N), into
+        the drafting steps' table when the step `drafted` (dispatched a draft run)."""
         if self.refresh_costs and num_requests > 0 and math.isfinite(host_ms) and host_ms > 0:
-            self.host_costs.update(int(num_requests), float(host_ms))
+            table = self.host_draft_costs if drafted else self.host_costs
+            table.update(int(num_requests), float(host_ms))
 
     def _costs(self, n: int) -> StepCosts:
         """Every bucket priced for N requests at the current context (see reprice_every)."""
-        tables = (self.target_costs, self.draft_costs, self.depth_costs, self.host_costs)
+        tables = (self.target_costs, self.draft_costs, self.depth_costs, self.host_costs,
+                  self.host_draft_costs)
         key = (n, tuple(t.version for t in tables))
         context = self._context
         if self._priced is not None:
@@ -169,7 +176,7 @@ class BasePlanner:
         costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
                                 num_requests=n, context_len=context,
                                 depth_costs=self.depth_costs, host_costs=self.host_costs,
-                                overlap=self.overlap)
+                                host_draft_costs=self.host_draft_costs, overlap=self.overlap)
         self._priced = (key, costs, context, self.steps)
         return costs
 

@@ -83,8 +83,9 @@ class StepCosts:
     drafter commit forward, drafting) and the host's (scheduling, planning, reading back,
     building outputs), which the loop overlaps with the device when `overlap` is on, so the
     step costs max(device, host) there and device + host without overlap. Host time follows the
-    number of requests, not rows or depth: a host-bound step (host > device) makes extra
-    verify rows and draft depth free, and the planner should take them.
+    number of requests and whether the step drafts (a second dispatch, more bookkeeping), not
+    rows or depth: a host-bound step (host > device) makes extra verify rows free, and the
+    planner should take them.
     """
 
     target_by_bucket: dict[int, float]  # B -> ms of the target verify
@@ -93,13 +94,14 @@ class StepCosts:
     kind: DrafterKind
     stage_by_depth: dict[int, float] | None = None  # d -> measured drafting stage ms, if known
     host_ms: float = 0.0  # host ms of a step with this many requests (0: not measured)
+    host_draft_ms: float | None = None  # the same for a step that drafts (None: as host_ms)
     overlap: bool = True  # the loop hides host time under the device's
 
     @classmethod
     def price(cls, spec: PlannerSpec, target: CostTable, draft: CostTable, *,
               num_requests: int, context_len: float | None,
               depth_costs: CostTable | None = None, host_costs: CostTable | None = None,
-              overlap: bool = True) -> StepCosts:
+              host_draft_costs: CostTable | None = None, overlap: bool = True) -> StepCosts:
         buckets = spec.verify_buckets
         t = target.estimate_many(buckets, context_len)
         dr = draft.estimate_many(buckets, context_len)
@@ -113,11 +115,14 @@ class StepCosts:
         host = 0.0
         if host_costs is not None and not host_costs.is_empty and num_requests > 0:
             host = host_costs.estimate(num_requests)
+        host_draft = None
+        if host_draft_costs is not None and not host_draft_costs.is_empty and num_requests > 0:
+            host_draft = host_draft_costs.estimate(num_requests)
         return cls(target_by_bucket=dict(zip(buckets, t.tolist())),
                    draft_by_bucket=dict(zip(buckets, dr.tolist())),
                    draft_tail=draft.estimate(max(tail_rows, 1), context_len),
                    kind=spec.drafter_kind, stage_by_depth=stage, host_ms=host,
-                   overlap=overlap)
+                   host_draft_ms=host_draft, overlap=overlap)
 
     def depth_ms(self, depth: int) -> float:
         """The draft run's part after its first forward: the measured stage, (d-1) further
@@ -130,11 +135,14 @@ class StepCosts:
             return self.draft_tail
         return (depth - 1) * self.draft_tail
 
-    def wall(self, device_ms: np.ndarray) -> np.ndarray:
-        """Loop ms of steps whose device work takes `device_ms` (any shape)."""
+    def wall(self, device_ms: np.ndarray, drafts=False) -> np.ndarray:
+        """Loop ms of steps whose device work takes `device_ms` (any shape); `drafts` (a bool,
+        or bools broadcasting against device_ms): the steps run a draft stage."""
+        draft_host = self.host_ms if self.host_draft_ms is None else self.host_draft_ms
+        host = np.where(drafts, draft_host, self.host_ms)
         if self.overlap:
-            return np.maximum(device_ms, self.host_ms)
-        return device_ms + self.host_ms
+            return np.maximum(device_ms, host)
+        return device_ms + host
 
     def step_ms(self, buckets: np.ndarray, depth: int) -> np.ndarray:
         """Wall ms of a verify of each bucket plus the following draft run ([C] -> [C]).
@@ -148,7 +156,8 @@ class StepCosts:
         first = np.array([self.draft_by_bucket[b] for b in keys])  # [C]
         drafts = (depths > 0)[:, None]  # [D, 1]
         tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])  # [D]
-        return self.wall(verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0))
+        return self.wall(verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0),
+                         drafts)
 
 
 def draft_forwards(spec: PlannerSpec, *, num_requests: int, verify_rows: int, depth: int,

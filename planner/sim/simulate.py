@@ -242,7 +242,8 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             if pending is not None:
                 planner.observe(pending)
             if pending_host is not None:
-                planner.observe_host(num_requests=pending_host[0], host_ms=pending_host[1])
+                planner.observe_host(num_requests=pending_host[0], host_ms=pending_host[1],
+                                     drafted=pending_host[2])
             verified = _fill(conf, has_proposal[idx], plan.verified_depth, plan.fill_rows - n,
                              remaining)
             bucket, draft_depth = plan.verify_rows, plan.draft_depth
@@ -270,7 +271,8 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
                                       verify_lens=verified + 1,
                                       had_proposal=has_proposal[idx].copy())
             # The engine refreshes host costs from decode-only steps (prefill changes the work).
-            pending_host = (n, host_ms) if config.host_cost and not free.size else None
+            pending_host = ((n, host_ms, draft_depth > 0) if config.host_cost and not free.size
+                            else None)
             stale_conf = conf  # DSpark-style reads last step's confidences (host lag)
         else:
             decode_ms = target_ms + draft_ms

@@ -1,0 +1,50 @@
+"""Host time is priced apart for steps that draft: one table for both regimes would price
+drafting at the host time of whichever regime the planner happened to sit in."""
+
+import numpy as np
+import pytest
+
+from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, make_planner
+from lightspec_jax.planner.objective import StepCosts
+
+BUCKETS = tuple(range(1, 33))
+
+
+def test_drafting_steps_pay_their_own_host_time():
+    s = PlannerSpec(verify_buckets=(4, 8), draft_depths=(1, 2), max_depth=2, floor=True)
+    target, draft = CostTable({4: 5.0, 8: 9.0}), CostTable({4: 0.5, 8: 0.5})
+    for overlap, host, host_draft, floor_ms, spec_ms in (
+            (False, 1.0, 3.0, 6.0, 9.0 + 0.5 + 0.5 + 3.0),
+            (False, 1.0, None, 6.0, 9.0 + 0.5 + 0.5 + 1.0),  # nothing drafted yet: as the floor
+            (True, 1.0, 30.0, 5.0, 30.0)):
+        costs = StepCosts.price(
+            s, target, draft, num_requests=4, context_len=None, overlap=overlap,
+            host_costs=CostTable({4: host}),
+            host_draft_costs=None if host_draft is None else CostTable({4: host_draft}))
+        grid = costs.step_ms_grid(np.array([4, 8]), np.array([0, 2]))
+        assert grid[0, 0] == pytest.approx(floor_ms)
+        assert grid[1, 1] == pytest.approx(spec_ms)
+
+
+def _serve(host_floor_ms: float, host_draft_ms: float) -> int:
+    """A planner for which drafting pays by device time alone (each draft row costs 0.2 ms and
+    is accepted 90% of the time), fed host times of both regimes; returns its next depth."""
+    s = PlannerSpec(verify_buckets=BUCKETS, draft_depths=(1, 2, 3), max_depth=3, floor=True)
+    p = make_planner("dynamic", s, target_costs=CostTable({b: 4.0 + 0.2 * b for b in BUCKETS}),
+                     draft_costs=CostTable({b: 0.05 for b in BUCKETS}),
+                     depth_costs=CostTable({1: 0.2, 2: 0.4, 3: 0.6}), overlap=False,
+                     explore_fraction=0.0)
+    rng = np.random.default_rng(0)
+    p.plan(num_requests=4)
+    for i in range(40):
+        plan = p.plan(num_requests=4)
+        survive = np.cumprod(rng.random((4, 3)) < 0.9, axis=1)[:, :plan.verified_depth]
+        p.observe(StepObservation(plan=plan, accept_lens=1 + survive.sum(axis=1)))
+        p.observe_host(num_requests=4, host_ms=host_floor_ms, drafted=False)
+        p.observe_host(num_requests=4, host_ms=host_draft_ms, drafted=True)
+    return p.plan(num_requests=4).draft_depth
+
+
+def test_the_floor_wins_when_drafting_steps_cost_host_time():
+    assert _serve(host_floor_ms=0.5, host_draft_ms=0.5) > 0
+    assert _serve(host_floor_ms=0.5, host_draft_ms=12.0) == 0
