@@ -21,17 +21,18 @@ class Policy(str, enum.Enum):
 
 
 # Drafting methods SpeculativeConfig.method accepts (None: inferred from the drafter).
-DRAFT_METHODS = (None, "eagle3", "draft_lm", "ngram")
+DRAFT_METHODS = (None, "eagle3", "dflash", "draft_lm", "ngram")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpeculativeConfig:
     policy: Policy | str = Policy.NONE
     num_speculative_tokens: int = 0  # K: the (maximum) draft depth
-    # How drafts are made: "eagle3" | "draft_lm" (a checkpoint given as the drafter; None:
-    # inferred from its config.json) or "ngram" (prompt lookup in the request's own tokens,
-    # no model: speculation with only a target), matching n-grams of ngram_max down to
-    # ngram_min tokens.
+    # How drafts are made: "eagle3" | "dflash" | "draft_lm" (a checkpoint given as the
+    # drafter; None: inferred from its config.json) or "ngram" (prompt lookup in the
+    # request's own tokens, no model: speculation with only a target), matching n-grams of
+    # ngram_max down to ngram_min tokens. A "dflash" drafter drafts its whole block in one
+    # forward: num_speculative_tokens <= its block_size - 1.
     method: str | None = None
     ngram_min: int = 1
     ngram_max: int = 3

@@ -9,3 +9,7 @@ __all__ = ["PRESETS", "ConfigError", "KVCache", "Qwen3", "Qwen3Config", "Qwen3Ou
 from .eagle3 import Eagle3, Eagle3Config, Eagle3Output  # noqa: E402
 
 __all__ += ["Eagle3", "Eagle3Config", "Eagle3Output"]
+
+from .dflash import DFlash, DFlashConfig, DFlashOutput, default_target_layer_ids  # noqa: E402
+
+__all__ += ["DFlash", "DFlashConfig", "DFlashOutput", "default_target_layer_ids"]

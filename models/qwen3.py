@@ -143,8 +143,11 @@ class Qwen3(nnx.Module):
 
 def _decoder_layer(cfg: Qwen3Config, p: dict[str, jax.Array], layer: jax.Array, x: jax.Array,
                    ck: jax.Array, cv: jax.Array, slots: jax.Array, positions: jax.Array,
-                   cos: jax.Array, sin: jax.Array):
-    """One pre-norm block on rows x [T, H]; writes this layer's K/V then attends."""
+                   cos: jax.Array, sin: jax.Array, visible: jax.Array | None = None):
+    """One pre-norm block on rows x [T, H]; writes this layer's K/V then attends.
+
+    visible: [T] the last cache position each row attends to (default: its own, causal); the
+    DFlash drafter passes its block's last position so the block attends non-causally."""
     eps = cfg.rms_norm_eps
     h = rms_norm(x, p["input_norm"], eps)
     q = jnp.einsum("th,hqd->tqd", h, p["q_proj"])  # [T, Q, D]
@@ -153,7 +156,8 @@ def _decoder_layer(cfg: Qwen3Config, p: dict[str, jax.Array], layer: jax.Array, 
     q = apply_rope(rms_norm(q, p["q_norm"], eps), cos, sin)
     k = apply_rope(rms_norm(k, p["k_norm"], eps), cos, sin)
     ck, cv = write_kv(ck, cv, layer, slots, positions, k, v)
-    attn = verify_attention(q, ck, cv, slots, positions, layer=layer)  # [T, Q, D]
+    attn = verify_attention(q, ck, cv, slots, positions if visible is None else visible,
+                            layer=layer)  # [T, Q, D]
     x = x + jnp.einsum("tqd,qdh->th", attn, p["o_proj"])
     h = rms_norm(x, p["post_norm"], eps)
     x = x + swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"])

@@ -106,21 +106,28 @@ def load_qwen3_hf(directory: str, *, dtype="float32") -> Qwen3:
     cfg = read_qwen3_config(directory)
     model = abstract_qwen3(cfg, dtype)
     with TensorReader(directory) as reader:
-        plan = _plan_tensors(cfg, reader)
-        for path, sources in plan.items():
-            var = _variable(model, path)
-            target_shape = tuple(var.get_value().shape)
-            np_dtype = np.dtype(dtype)
-            if path.startswith("layers."):
-                buf = np.empty(target_shape, np_dtype)
-                for layer, (hf_name, transform) in enumerate(sources):
-                    buf[layer] = _read(reader, hf_name, transform, target_shape[1:]).astype(np_dtype)
-            else:
-                (hf_name, transform), = sources
-                buf = _read(reader, hf_name, transform, target_shape).astype(np_dtype)
-            var.set_value(jnp.asarray(buf))
-            del buf
+        fill_variables(model, _plan_tensors(cfg, reader), reader, dtype)
     return model
+
+
+def fill_variables(model, plan: dict[str, list[tuple[str, Transform]]], reader: TensorReader,
+                   dtype) -> None:
+    """Sets each of `model`'s variables from its HF sources (plan: our path -> sources; a
+    stacked `layers.` variable [L, ...] has one source per layer, read one at a time so the
+    host holds one stacked tensor at most)."""
+    np_dtype = np.dtype(dtype)
+    for path, sources in plan.items():
+        var = _variable(model, path)
+        shape = tuple(var.get_value().shape)
+        if path.startswith("layers."):
+            buf = np.empty(shape, np_dtype)
+            for layer, (hf_name, transform) in enumerate(sources):
+                buf[layer] = _read(reader, hf_name, transform, shape[1:]).astype(np_dtype)
+        else:
+            (hf_name, transform), = sources
+            buf = _read(reader, hf_name, transform, shape).astype(np_dtype)
+        var.set_value(jnp.asarray(buf))
+        del buf
 
 
 def _plan_tensors(cfg: Qwen3Config, reader: TensorReader) -> dict[str, list[tuple[str, Transform]]]:

@@ -1,9 +1,10 @@
 """Drafters for speculative decoding, behind one interface (`Drafter`)."""
 
 from .base import Drafter, DraftRows, Proposal
+from .dflash import DFlashDrafter
 from .draft_lm import DraftLMDrafter
 from .eagle3 import Eagle3Drafter
 from .ngram import NgramDrafter
 
-__all__ = ["Drafter", "DraftLMDrafter", "DraftRows", "Eagle3Drafter", "NgramDrafter",
-           "Proposal"]
+__all__ = ["DFlashDrafter", "Drafter", "DraftLMDrafter", "DraftRows", "Eagle3Drafter",
+           "NgramDrafter", "Proposal"]

@@ -47,7 +47,7 @@ class Drafter(abc.ABC):
     """An NNX drafter split once into (graphdef, parameter leaves) for the jitted steps."""
 
     kind: str = "autoregressive"  # or "parallel" (block drafters such as DFlash)
-    method: str = ""  # SpeculativeConfig.method it serves ("eagle3", "draft_lm", "ngram")
+    method: str = ""  # SpeculativeConfig.method it serves ("eagle3", "dflash", "draft_lm", "ngram")
     aux_layers: tuple[int, ...] = ()  # target features it reads (residual entering layer j)
 
     def __init__(self, module: nnx.Module):

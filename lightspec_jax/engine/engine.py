@@ -86,8 +86,9 @@ class Engine:
     def __init__(self, model, *, config: EngineConfig = EngineConfig(),
                  tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = (),
                  drafter: Drafter | None = None, verifier=None):
-        """model: a Qwen3 target; drafter: an Eagle3, draft-LM or n-gram drafter (speculative
-        policies; with SpeculativeConfig(method="ngram") the engine makes its own); verifier:
+        """model: a Qwen3 target; drafter: an Eagle3, DFlash, draft-LM or n-gram drafter
+        (speculative policies; with SpeculativeConfig(method="ngram") the engine makes its own;
+        a DFlash drafter drafts at most block_size - 1 tokens, always its whole block); verifier:
         how drafts are accepted (default exact match, lossless; the benchmarks inject
         `SyntheticAcceptance`, also chosen by `config.synthetic_acceptance`)."""
         self.config = config
@@ -127,9 +128,16 @@ class Engine:
         else:
             decode_buckets = powers_of_two(n)
         self.decode_buckets = decode_buckets
+        parallel = drafter is not None and drafter.kind == "parallel"
+        if parallel and k > drafter.block_size - 1:
+            raise ValueError(f"num_speculative_tokens={k} exceeds what one block of the "
+                             f"{type(drafter).__name__} drafts: at most block_size - 1 = "
+                             f"{drafter.block_size - 1}")
         depths = ()
         if speculative:
-            depths = tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC else (k,)
+            # A parallel drafter's one forward drafts its whole block: K is its only depth.
+            depths = (tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC and not parallel
+                      else (k,))
         # Verify rows write up to K past seq_len and drafting up to K more.
         cache_len = _cache_len(config.max_model_len + 2 * k)
         start = time.perf_counter()
@@ -170,13 +178,15 @@ class Engine:
             # most of plan()'s host time, which at high concurrency is step time.
             options = ({"depth": k} if spec.policy is Policy.STATIC else
                        {"replan_every": 4} if spec.policy is Policy.DYNAMIC else {})
-            # The verify step keeps the drafter's cache current at every depth, so depth 0 (no
-            # draft step) is a choice: the no-speculation floor.
-            floor = spec.policy is Policy.DYNAMIC and drafter.kind == "autoregressive"
+            # The verify step keeps the drafter's cache current at every depth (a parallel
+            # drafter's too: its commit writes the context), so depth 0 (no draft step) is a
+            # choice: the no-speculation floor.
+            floor = spec.policy is Policy.DYNAMIC
+            block = drafter.block_size if parallel else None  # rows of one block forward
             self.planner = make_planner(
                 spec.policy.value, PlannerSpec(verify_buckets=decode_buckets, draft_depths=depths,
                                                max_depth=k, drafter_kind=drafter.kind,
-                                               floor=floor),
+                                               block_size=block, floor=floor),
                 overlap=hides_host_time(config), **tables, **options)
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens)
@@ -200,13 +210,13 @@ class Engine:
                         config: EngineConfig = EngineConfig()) -> "Engine":
         """Loads a Qwen3 target (Hugging Face or converted directory; nothing is downloaded) and,
         optionally, a drafter for it: an Eagle3 drafter (Hugging Face layout: EAGLE/SpecForge
-        or speculators) or a small Qwen3 causal LM sharing the target's vocabulary (a draft
-        LM, as transformers' assisted generation uses), told apart by config.json. With
-        SpeculativeConfig(method="ngram") no drafter is loaded: drafts come from prompt
-        lookup."""
-        from ..checkpoint import (DRAFT_LM, EAGLE3, check_same_vocabulary, drafter_kind,
-                                  load_eagle3, load_qwen3)
-        from ..drafters import DraftLMDrafter, Eagle3Drafter
+        or speculators), a DFlash block drafter (z-lab layout) or a small Qwen3 causal LM
+        sharing the target's vocabulary (a draft LM, as transformers' assisted generation
+        uses), told apart by config.json. With SpeculativeConfig(method="ngram") no drafter is
+        loaded: drafts come from prompt lookup."""
+        from ..checkpoint import (DFLASH, DRAFT_LM, EAGLE3, check_same_vocabulary,
+                                  drafter_kind, load_dflash, load_eagle3, load_qwen3)
+        from ..drafters import DFlashDrafter, DraftLMDrafter, Eagle3Drafter
 
         method = config.speculative.method
         if drafter_path is not None and config.speculative.policy is Policy.NONE:
@@ -228,6 +238,10 @@ class Engine:
             # it frozen), so a stored copy of V x H values is not loaded.
             drafter = Eagle3Drafter(load_eagle3(drafter_path, target_config=model.config,
                                                 dtype=config.resolved_dtype, load_embed=False))
+        elif kind == DFLASH:
+            # No embedding or lm_head of its own: the target's read the block in and out.
+            drafter = DFlashDrafter(load_dflash(drafter_path, target_config=model.config,
+                                                dtype=config.resolved_dtype), model)
         elif kind == DRAFT_LM:
             draft_model = load_qwen3(drafter_path, dtype=config.resolved_dtype)
             check_same_vocabulary(target_path, model.config.vocab_size, drafter_path,

@@ -1,0 +1,108 @@
+"""DFlash as a drafter: context K/V written at every verify, one block forward per draft.
+
+Alignment (z-lab/dflash `model/dflash.py` spec_generate; reference/checkpoint-formats.md §3):
+the context holds the target's features of committed positions only, p < seq_len, and the
+block starts with the bonus token at seq_len, whose own features are not known until the next
+verify. So `prefill` writes the prompt rows' context and `commit` writes the B verify rows':
+the accepted rows (offsets 0..accepted) are exactly the positions seq_len .. new_seq_len - 1,
+whose features are final (the target is causal, and every token they depend on is committed);
+rows past the accepted prefix land at >= new_seq_len, stale entries that the block and later
+commits overwrite before anything reads them. Drafting is then one forward of
+[bonus, mask x (P-1)] per slot; block row i (i = 1..d) is draft i, for position seq_len + i.
+
+The commit needs no attention (a context row's K/V depend on its own features alone), so it
+costs a projection per verify row and keeps the cache current at every depth, 0 included:
+the planner's floor works as for Eagle3.
+
+The target's lm_head reads the block out. The drafter keeps a reference to it (an untied
+target's [H, V] head: the same device buffer, no copy) among its parameter leaves, so the
+Drafter interface, which passes the target's embedding only, is unchanged; a tied target's
+head is that embedding.
+
+Axis legend: N slots, P block rows, d depth, K max depth, H hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lightspec_jax.models import DFlash, KVCache, Qwen3
+
+from .base import Drafter, DraftRows, Proposal, top1
+
+# The GPU attention kernel reads KV in blocks of 16 positions: cache lengths stay multiples.
+_CACHE_GRANULE = 16
+
+
+class TargetHead(nnx.Variable):
+    """The target's lm_head kept by reference (not trained, not saved with the drafter)."""
+
+
+class _WithHead(nnx.Module):
+    def __init__(self, model: DFlash, head: jax.Array | None):
+        self.model = model
+        self.head = None if head is None else TargetHead(head)  # [H, V]; None: tied target
+
+
+class DFlashDrafter(Drafter):
+    kind = "parallel"
+    method = "dflash"
+
+    def __init__(self, model: DFlash, target: Qwen3):
+        """model: the DFlash draft model; target: the Qwen3 it drafts for (its lm_head reads
+        the block; its config is checked against the drafter's)."""
+        model.config.check_target(target.config)
+        super().__init__(_WithHead(model, None if target.lm_head is None
+                                   else target.lm_head[...]))
+        self.config = model.config
+        self.aux_layers = model.config.aux_layers
+        self.block_size = model.config.block_size
+        self._dtype = model.dtype
+
+    def new_cache(self, *, num_slots: int, cache_len: int) -> KVCache:
+        """Context K/V per draft layer [L, N, S, G, D], with room past `cache_len` for a block
+        drafted at the last committed position."""
+        room = -(-self.block_size // _CACHE_GRANULE) * _CACHE_GRANULE
+        cfg = self.config
+        return KVCache.init(num_layers=cfg.num_layers, num_slots=num_slots,
+                            max_len=cache_len + room, num_kv_heads=cfg.num_kv_heads,
+                            head_dim=cfg.head_dim, dtype=self._dtype)
+
+    def prefill(self, param_leaves, cache, rows: DraftRows, *, target_embed):
+        return self.module(param_leaves).model.write_context(rows.hidden, rows.position,
+                                                             rows.slot, cache)
+
+    def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, target_embed):
+        # Drafting starts from the bonus token and the committed length, both in the slot
+        # state: nothing to keep but the context.
+        return self.module(param_leaves).model.write_context(rows.hidden, rows.position,
+                                                             rows.slot, cache)
+
+    def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
+              target_embed):
+        limit = min(max_depth, self.block_size - 1)
+        if not 1 <= depth <= limit:
+            raise ValueError(f"depth must be in [1, {limit}] (max depth {max_depth}, block size "
+                             f"{self.block_size} drafts at most {self.block_size - 1}), got "
+                             f"{depth}")
+        wrapped = self.module(param_leaves)
+        n = last_token.shape[0]
+        slots = jnp.where(drafting, jnp.arange(n, dtype=jnp.int32), n)  # [N]
+        tokens = jnp.full((n, self.block_size), self.config.mask_token_id, jnp.int32)
+        tokens = tokens.at[:, 0].set(last_token)  # [N, P]
+        # The whole trained block always runs (non-causal attention: fewer masks would change
+        # every row); only the first `depth` drafts are read out.
+        out = wrapped.model(tokens, seq_len, slots, cache, embed=target_embed)
+        rows = out.hidden[:, 1:depth + 1].reshape(n * depth, -1)  # [N*d, H]
+        if wrapped.head is None:
+            logits = jnp.einsum("rh,vh->rv", rows, target_embed.astype(rows.dtype),
+                                preferred_element_type=jnp.float32)  # [N*d, V]
+        else:
+            logits = jnp.einsum("rh,hv->rv", rows, wrapped.head[...].astype(rows.dtype),
+                                preferred_element_type=jnp.float32)
+        token, conf = top1(logits)  # [N*d]
+        pad = ((0, 0), (0, max_depth - depth))
+        return out.cache, Proposal(jnp.pad(token.reshape(n, depth), pad),
+                                   jnp.pad(conf.reshape(n, depth), pad))
