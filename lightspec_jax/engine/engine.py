@@ -295,6 +295,8 @@ class Engine:
             flight = None
             if self.scheduler.has_work():
                 flight = self._run(self.scheduler.schedule())
+            # Host time is priced by whether the step dispatched drafting (planner.base).
+            drafted = bool(flight and flight.plan and flight.plan.draft_depth > 0)
             if self.config.overlap:
                 flight, self._in_flight = self._in_flight, flight
             event = None
@@ -306,7 +308,7 @@ class Engine:
         self.stats.busy_seconds += elapsed
         self.stats.tokens += sum(len(o.new_token_ids) for o in outputs)
         if event is not None:
-            self._observe(event, host_ms=1e3 * elapsed - wait_ms)
+            self._observe(event, host_ms=1e3 * elapsed - wait_ms, drafted=drafted)
         return outputs
 
     def generate(self, prompts: Sequence[str | Sequence[int]],
@@ -447,7 +449,7 @@ class Engine:
                     used_rows=int((verified + 1).sum()), draft_depth=plan.draft_depth,
                     accepted=int(accepted.sum()), emitted=int(readback[live, c.emitted].sum()))
 
-    def _observe(self, event: StepEvent, host_ms: float) -> None:
+    def _observe(self, event: StepEvent, host_ms: float, drafted: bool) -> None:
         event = dataclasses.replace(event, record=dataclasses.replace(
             event.record, host_ms=host_ms, plan_ms=self._plan_ms))
         self._plan_ms = 0.0
@@ -455,7 +457,8 @@ class Engine:
         record = event.record
         if (self.planner is not None and self.config.refresh_costs and record.num_requests
                 and not record.prefill_rows):
-            self.planner.observe_host(num_requests=record.num_requests, host_ms=host_ms)
+            self.planner.observe_host(num_requests=record.num_requests, host_ms=host_ms,
+                                      drafted=drafted)
         if event.record.verify_rows and self.stats.decode_steps % 1024 == 0:
             self._save_refreshed_costs()
         for observer in self._observers:
