@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from lightspec_jax.pallas_kernels import use_pallas
 from lightspec_jax.planner import CostTable
 from lightspec_jax.planner.stats import non_increasing
 
@@ -73,8 +74,9 @@ class CostProfile:
 # drafter's cache, and the commit forward is priced apart from the verify; 4: drafting is its
 # own executable per depth, the verify step writes the drafter's cache at every depth; 5: the
 # sweep waits for the draft step, not just the read-back; 6: steps timed back to back with
-# full proposals, as serving runs them; 7: depth prices fitted non-decreasing).
-SWEEP_VERSION = 7
+# full proposals, as serving runs them; 7: depth prices fitted non-decreasing; 8: the verify
+# table imputes other contexts by the attention route, see verify_context_rule).
+SWEEP_VERSION = 8
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -180,13 +182,27 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     fitted = -non_increasing(-np.array([added[d] for d in depths]), np.ones(len(depths)))
     depth_ms = {d: max(float(ms), _PLACEHOLDER_MS) for d, ms in zip(depths, fitted)}
     total_context = n * context
-    return CostProfile(target=CostTable({b: ms[b, 0] for b in sizes}, context_len=total_context),
+    return CostProfile(target=CostTable({b: ms[b, 0] for b in sizes}, context_len=total_context,
+                                        impute=verify_context_rule()),
                        draft=CostTable({b: _PLACEHOLDER_MS for b in sizes},
                                        context_len=total_context),
                        draft_depth_ms=depth_ms,
                        # each depth re-reads the context: scale, not shift, across contexts
                        depth=CostTable(depth_ms, context_len=total_context, impute="scale"),
                        context_per_request=context, num_slots=n)
+
+
+def verify_context_rule() -> str:
+    """How the verify table carries what a context column measured to its unmeasured buckets.
+
+    The GPU kernel reads each request's KV once per step, whatever its rows, so a longer
+    context adds about the same time to every bucket ("shift"). The jnp reference the CPU runs
+    reads it once per row, so a longer context multiplies a bucket's time ("scale"). A shift on
+    the CPU biased the planner toward speculating at high concurrency: serving measures the
+    large speculative buckets at contexts longer than the sweep's, and their added
+    milliseconds, shifted as they are onto the one-row-per-request bucket, overpriced the
+    floor."""
+    return "shift" if use_pallas(op="verify_attention") else "scale"
 
 
 class CostStore:

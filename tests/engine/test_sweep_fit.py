@@ -26,3 +26,19 @@ def test_depth_prices_never_fall_with_depth(monkeypatch):
     # pool to 0.63.
     np.testing.assert_allclose(prices, [0.60, 0.60, 0.63, 0.63, 0.63, 0.63])
     assert profile.target.estimate(8) == 10.0
+
+
+def test_verify_table_follows_the_attention_route(monkeypatch):
+    """The CPU's reference attention reads a request's KV once per row: a context column's
+    added time scales with the bucket. Measured at a longer context only at the large bucket
+    (what a speculating engine sees), the one-row-per-request bucket must scale with it, not
+    take the large bucket's added milliseconds."""
+    monkeypatch.setattr(costs, "_time_decode",
+                        lambda runner, rows, depths, **kw: [float(rows)] * len(depths))
+    registry = SimpleNamespace(sizes=(4, 8, 12), pick=lambda n: 4)
+    runner = SimpleNamespace(decode_registry=registry, num_slots=4, max_depth=2, cache_len=256)
+    target = costs.profile_costs(runner, depths=(1, 2), show_progress=False).target
+    assert target.impute == costs.verify_context_rule() == "scale"  # the CPU backend
+    longer = 3 * 4 * 64
+    target.update(12, 24.0, longer)  # the 12-row bucket took twice its sweep time there
+    assert target.estimate(4, longer) == 8.0  # scaled; a shift would have given 4 + 12 = 16
