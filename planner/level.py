@@ -44,7 +44,6 @@ class LevelShift:
         self.variance = float(variance)
         self.delta = 0.0
         self.var = 0.0  # posterior variance of delta; set by the first predict
-        self.version = 0  # bumped whenever delta moves (caches key on it)
 
     @property
     def enabled(self) -> bool:
@@ -58,7 +57,6 @@ class LevelShift:
         prior = self.variance / total
         self.delta *= keep
         self.var = keep * self.var + (1.0 - keep) * prior
-        self.version += 1
 
     def update(self, survival: np.ndarray, accept_lens: np.ndarray, depth: int) -> None:
         """One full-width step: survival [K+1] the pooled fit (s[0] unused), accept_lens [N]
@@ -80,7 +78,6 @@ class LevelShift:
         grad = float((seen * (y - p[None, :])).sum())
         self.var = 1.0 / (1.0 / max(self.var, 1e-12) + info)
         self.delta += self.var * grad
-        self.version += 1
 
     def apply(self, survival: np.ndarray) -> np.ndarray:
         """The survival [K+1] with every conditional acceptance moved by delta (s[0] kept)."""

@@ -13,7 +13,7 @@ def test_off_and_zero_offset_leave_the_curve_alone():
     assert LevelShift(rho=0.9, variance=0.0).apply(POOLED) is POOLED
     off = LevelShift(rho=0.9, variance=0.0)
     off.update(POOLED, np.array([6, 6, 6]), 5)
-    assert off.delta == 0.0 and off.version == 0
+    assert off.delta == 0.0 and off.var == 0.0
     assert LevelShift(rho=0.9, variance=0.5).apply(POOLED) is POOLED
 
 
