@@ -230,7 +230,9 @@ class AcceptanceStats:
         u = np.asarray(fill_rows, dtype=np.int64)  # [C]
         prior = self._prior(n, u, depth, room)  # [C]
         out = prior.copy()
-        self._blend(out, prior, n, u, int(depth), now, room)
+        if self._by_nd.get((n, int(depth), self._batch_key)):
+            self._blend(out, prior, self._pooled_shift(prior, n, u, depth, room), n, u,
+                        int(depth), now)
         return out
 
     def progress_grid(self, num_requests: int, fill_rows: np.ndarray, depths: np.ndarray, *,
@@ -247,20 +249,29 @@ class AcceptanceStats:
         else:
             prior = np.ones(u.shape)
         out = prior.copy()
-        for i, d in enumerate(depths.tolist()):
-            self._blend(out[i], prior[i], n, u[i], d, now, room)
+        keyed = [self._by_nd.get((n, d, self._batch_key)) for d in depths.tolist()]
+        if any(keyed):
+            shift = self._pooled_shift(prior, n, u, depths[:, None], room)  # [D, C]
+            for i, d in enumerate(depths.tolist()):
+                if keyed[i]:
+                    self._blend(out[i], prior[i], shift[i], n, u[i], d, now)
         return out
 
-    def _blend(self, out: np.ndarray, prior: np.ndarray, n: int, u: np.ndarray, depth: int,
-               now: int, room: np.ndarray | None = None) -> None:
-        """Moves out[i] (in place) to the exact-key EMA of (N, u[i], d) where one exists."""
+    def _pooled_shift(self, prior: np.ndarray, n: int, u: np.ndarray, depth,
+                      room: np.ndarray | None) -> np.ndarray:
+        """What the batch's level adds to the fill estimate `prior` (0 without a shift): a
+        key's EMA is a pooled-level figure, so the level moves it as it moves the fill."""
+        if self.level.delta == 0.0 or not self.has_survival or self.estimator != "survival":
+            return np.zeros(np.shape(prior))
+        return prior - self._survival_fill(n, u, depth, room, shifted=False)
+
+    def _blend(self, out: np.ndarray, prior: np.ndarray, shift: np.ndarray, n: int,
+               u: np.ndarray, depth: int, now: int) -> None:
+        """Moves out[i] (in place) to the exact-key EMA of (N, u[i], d) where one exists,
+        moved by `shift` [C] (the batch's level)."""
         entries = self._by_nd.get((n, depth, self._batch_key))
         if not entries:
             return
-        # A key's EMA is the pooled level's; the batch's level moves it as it moves the fill.
-        shift = 0.0 * prior
-        if self.level.delta != 0.0 and self.has_survival and self.estimator == "survival":
-            shift = prior - self._survival_fill(n, u, depth, room, shifted=False)
         exact_full = (self.full_width_from_survival
                       and np.isfinite(self.survival[1:min(depth, self.max_depth) + 1]).all())
         for i, rows in enumerate(u.tolist()):
