@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .calibration import RegimeCalibration
 from .costs import CostTable
 from .objective import StepCosts, draft_forwards, split_measured_ms
 from .types import PlannerSpec, StepObservation, StepPlan
@@ -55,6 +56,7 @@ class BasePlanner:
         self.depth_costs = depth_costs if depth_costs is not None else CostTable()
         self.host_costs = host_costs if host_costs is not None else CostTable()
         self.host_draft_costs = CostTable()  # host ms of steps that draft, by N
+        self.calibration = RegimeCalibration()  # measured vs predicted, drafting vs floor
         self.overlap = bool(overlap)
         self.refresh_costs = refresh_costs
         if reprice_every < 1:
@@ -158,6 +160,15 @@ class BasePlanner:
         if self.refresh_costs and num_requests > 0 and math.isfinite(host_ms) and host_ms > 0:
             table = self.host_draft_costs if drafted else self.host_costs
             table.update(int(num_requests), float(host_ms))
+
+    def observe_period(self, *, plan: StepPlan, period_ms: float) -> None:
+        """The loop's measured wall ms of a decode step (between its read-back and the one
+        before, both decode steps of the same regime) against the plan's prediction
+        (calibration.py)."""
+        if self.refresh_costs and plan.num_requests > 0:
+            self.calibration.observe(drafting=plan.draft_depth > 0,
+                                     predicted_ms=plan.predicted_ms, measured_ms=period_ms,
+                                     step=self.steps)
 
     def _costs(self, n: int) -> StepCosts:
         """Every bucket priced for N requests at the current context (see reprice_every)."""

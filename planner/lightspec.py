@@ -68,6 +68,9 @@ class LightSpecOptions:
     # level_variance (logit^2; an N-request batch's mean: level_variance / N). 0 turns it off.
     level_variance: float = 0.5
     level_rho: float = 0.95
+    # Price drafting steps by how far the loop's measured step times sit from the model's,
+    # against floor steps (calibration.py); only with a floor to choose.
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -217,7 +220,10 @@ class LightSpecPlanner(BasePlanner):
         u = np.minimum(buckets[cols][None, :], full[:, None])  # [D, C]
         progress = self.stats.progress_grid(n, u, depths, now=self.steps, room=room)  # [D, C]
         tokens = np.clip(u * progress, n, full[:, None])
-        j = np.where(valid, costs.step_ms_grid(buckets[cols], depths) / tokens, np.inf)
+        step_ms = costs.step_ms_grid(buckets[cols], depths)  # [D, C]
+        if self.spec.floor:  # what drafting steps really cost against floor steps
+            step_ms = step_ms * np.where(depths > 0, self._drafting_scale(), 1.0)[:, None]
+        j = np.where(valid, step_ms / tokens, np.inf)
         best_by_depth = j.min(axis=1).tolist()  # [D]
         best_depth, best_j = int(depths[0]), math.inf
         for depth, value in zip(depths.tolist(), best_by_depth):
@@ -244,9 +250,13 @@ class LightSpecPlanner(BasePlanner):
         full = min(full_rows(n, probe, room), self.spec.max_requests)
         _, step_ms, tokens = self._objective(costs, n, full, probe, room)
         # A probe still commits tokens; only what it costs beyond their going price is waste.
-        extra = max(0.0, float(step_ms[-1]) - float(tokens[-1]) * best_j)
+        scale = self._drafting_scale() if self.spec.floor else 1.0
+        extra = max(0.0, float(step_ms[-1]) * scale - float(tokens[-1]) * best_j)
         affordable = extra <= self.options.explore_fraction * self._spent_since_probe
         return probe if affordable else 0
+
+    def _drafting_scale(self) -> float:
+        return self.calibration.drafting_scale(self.steps) if self.options.calibrate else 1.0
 
     # ---- statistics ------------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ POLICIES: dict[str, Policy] = {
         label="dynamic as LightLLM's final planner", kind="dynamic", max_depth=11,
         options=(("refresh_costs", False), ("explore_fraction", 0.0), ("stat_half_life", None),
                  ("sample_floor", 1), ("full_width_from_survival", False),
-                 ("level_variance", 0.0)),
+                 ("level_variance", 0.0), ("calibrate", False)),
         floor=False),  # LightLLM's eagle3 mode allows depths 1..K only (§5)
     "dynamic-no-floor": Policy(label="dynamic, no depth-0 floor", kind="dynamic",
                                max_depth=11, floor=False),
@@ -91,6 +91,8 @@ POLICIES: dict[str, Policy] = {
                                  options=(("explore_fraction", 0.0), ("stat_half_life", None))),
     "dynamic-no-level": Policy(label="dynamic, pooled level only", kind="dynamic",
                                max_depth=11, options=(("level_variance", 0.0),)),
+    "dynamic-no-calibration": Policy(label="dynamic, modelled step costs only", kind="dynamic",
+                                     max_depth=11, options=(("calibrate", False),)),
     "dynamic-interp": Policy(label="dynamic, interpolation estimator", kind="dynamic",
                              max_depth=11, options=(("estimator", "interpolate"),)),
     "dspark-11": Policy(label="DSpark-style K=11", kind="dspark", max_depth=11),
@@ -203,6 +205,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
     # a floor step. The oracle picks its depth in hindsight, so it always has a proposal.
     drafting = False
     pending, pending_host, stale_conf = None, None, None
+    pending_period, last_regime = None, None  # whole-step periods, as the engine reports them
     drain = RunResult(profile=config.profile, concurrency=c, policy=config.policy,
                       label=policy.label)
     while True:
@@ -244,6 +247,8 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             if pending_host is not None:
                 planner.observe_host(num_requests=pending_host[0], host_ms=pending_host[1],
                                      drafted=pending_host[2])
+            if pending_period is not None:
+                planner.observe_period(plan=pending_period[0], period_ms=pending_period[1])
             verified = _fill(conf, has_proposal[idx], plan.verified_depth, plan.fill_rows - n,
                              remaining)
             bucket, draft_depth = plan.verify_rows, plan.draft_depth
@@ -273,6 +278,12 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             # The engine refreshes host costs from decode-only steps (prefill changes the work).
             pending_host = ((n, host_ms, draft_depth > 0) if config.host_cost and not free.size
                             else None)
+            # A decode-only step after one of the same regime (drafting or the floor): its
+            # wall time is what the engine reports as the period between two read-backs.
+            regime = None if free.size else draft_depth > 0
+            pending_period = ((plan, step_ms) if regime is not None and regime == last_regime
+                              else None)
+            last_regime = regime
             stale_conf = conf  # DSpark-style reads last step's confidences (host lag)
         else:
             decode_ms = target_ms + draft_ms

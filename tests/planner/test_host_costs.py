@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, make_planner
+from lightspec_jax.planner.fill import fill_lengths
 from lightspec_jax.planner.objective import StepCosts
 
 BUCKETS = tuple(range(1, 33))
@@ -38,8 +39,7 @@ def _serve(host_floor_ms: float, host_draft_ms: float) -> int:
     p.plan(num_requests=4)
     for i in range(40):
         plan = p.plan(num_requests=4)
-        survive = np.cumprod(rng.random((4, 3)) < 0.9, axis=1)[:, :plan.verified_depth]
-        p.observe(StepObservation(plan=plan, accept_lens=1 + survive.sum(axis=1)))
+        p.observe(_outcome(plan, rng, 0.9))
         p.observe_host(num_requests=4, host_ms=host_floor_ms, drafted=False)
         p.observe_host(num_requests=4, host_ms=host_draft_ms, drafted=True)
     return p.plan(num_requests=4).draft_depth
@@ -48,3 +48,14 @@ def _serve(host_floor_ms: float, host_draft_ms: float) -> int:
 def test_the_floor_wins_when_drafting_steps_cost_host_time():
     assert _serve(host_floor_ms=0.5, host_draft_ms=0.5) > 0
     assert _serve(host_floor_ms=0.5, host_draft_ms=12.0) == 0
+
+
+def _outcome(plan, rng, rate: float) -> StepObservation:
+    """The step as the device runs it: the fill spreads the plan's draft rows over the
+    requests (equal confidences), each draft accepted with `rate` until the first miss."""
+    n = plan.num_requests
+    verified = fill_lengths(np.full((n, max(plan.verified_depth, 1)), 0.5),
+                            np.full(n, plan.verified_depth), plan.fill_rows - n)  # [N]
+    survive = np.cumprod(rng.random((n, max(plan.verified_depth, 1))) < rate, axis=1).sum(axis=1)
+    return StepObservation(plan=plan, accept_lens=1 + np.minimum(survive, verified),
+                           verify_lens=1 + verified)
