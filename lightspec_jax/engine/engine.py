@@ -202,6 +202,8 @@ class Engine:
         self._last_ready: float | None = None
         self._last_waited = False
         self._last_plan: StepPlan | None = None  # the previous decode step's plan
+        # (when, step index, drafting) of the last decode-only read-back (whole-step periods)
+        self._last_read: tuple[float, int, bool] | None = None
         self._last_readback = None
         self._last_conf: np.ndarray | None = None  # [N, K], a step late (dspark)
 
@@ -459,10 +461,24 @@ class Engine:
                 and not record.prefill_rows):
             self.planner.observe_host(num_requests=record.num_requests, host_ms=host_ms,
                                       drafted=drafted)
+            self._observe_period(event)
+        else:
+            self._last_read = None
         if event.record.verify_rows and self.stats.decode_steps % 1024 == 0:
             self._save_refreshed_costs()
         for observer in self._observers:
             observer(event)
+
+    def _observe_period(self, event: StepEvent) -> None:
+        """The wall time since the previous read-back, when both were decode-only steps of
+        the same regime (drafting or the floor): what the step really cost the loop, for the
+        planner's whole-step calibration (planner/calibration.py)."""
+        now, plan = time.perf_counter(), event.plan
+        drafting = plan.draft_depth > 0
+        last = self._last_read
+        if last is not None and last[1] == event.record.index - 1 and last[2] == drafting:
+            self.planner.observe_period(plan=plan, period_ms=1e3 * (now - last[0]))
+        self._last_read = (now, event.record.index, drafting)
 
     def _output(self, request: Request) -> RequestOutput:
         if request.finish_reason is not None:
