@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calibration import RegimeCalibration
+from .calibration import StepCalibration
 from .costs import CostTable
 from .objective import StepCosts, draft_forwards, split_measured_ms
 from .types import PlannerSpec, StepObservation, StepPlan
@@ -56,7 +56,7 @@ class BasePlanner:
         self.depth_costs = depth_costs if depth_costs is not None else CostTable()
         self.host_costs = host_costs if host_costs is not None else CostTable()
         self.host_draft_costs = CostTable()  # host ms of steps that draft, by N
-        self.calibration = RegimeCalibration()  # measured vs predicted, drafting vs floor
+        self.calibration = StepCalibration()  # the loop's measured step times vs predicted
         self.overlap = bool(overlap)
         self.refresh_costs = refresh_costs
         if reprice_every < 1:
@@ -163,10 +163,10 @@ class BasePlanner:
 
     def observe_period(self, *, plan: StepPlan, period_ms: float) -> None:
         """The loop's measured wall ms of a decode step (between its read-back and the one
-        before, both decode steps of the same regime) against the plan's prediction
-        (calibration.py)."""
+        before, both decode steps: the drafting of the proposal it verified, then its verify)
+        against the plan's prediction, which prices the same (calibration.py)."""
         if self.refresh_costs and plan.num_requests > 0:
-            self.calibration.observe(drafting=plan.draft_depth > 0,
+            self.calibration.observe(bucket=plan.verify_rows, depth=plan.verified_depth,
                                      predicted_ms=plan.predicted_ms, measured_ms=period_ms,
                                      step=self.steps)
 

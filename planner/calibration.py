@@ -1,21 +1,26 @@
-"""Whole-step calibration: what a drafting step really costs the loop, relative to the floor.
+"""Whole-step calibration: what a step really costs the loop, against what its parts predict.
 
 The cost tables price a step from its parts: the verify bucket, the draft stage, host time.
-Whatever the parts miss lands on the loop's wall clock only: on a CPU the host loop and the
-"device" share two cores and slow each other down, and drafting adds a dispatch, a read of
-the drafter's state and more bookkeeping. In one run on the tiny pair (ShareGPT, c=64,
-benchmarks/diagnose_dynamic.py) drafting steps ran 9% over their prediction and floor steps
-10% under theirs: a 1.2x relative error, larger than what separates the two regimes there,
+Whatever the parts miss lands on the loop's wall clock only. On a CPU the host loop and the
+"device" share two cores: at low concurrency the host's work mostly hides under the device's
+(the model, which adds them, overprices every step by about the host time, which flatters
+deep steps: more tokens to spread a fixed cost over), at high concurrency they slow each other
+down, and drafting adds a dispatch and bookkeeping. In one run on the tiny pair (ShareGPT,
+c=64, benchmarks/diagnose_dynamic.py) drafting steps ran 9% over their prediction and floor
+steps 10% under theirs: a relative error larger than what separates the two regimes there,
 always in speculation's favour.
 
-So the engine reports each decode step's period - the wall time between two read-backs, the
-real cost of a step in throughput terms - next to the plan it belongs to, and this keeps, per
-regime (drafting or not), a bias-corrected EMA of log(period / predicted). The planner's
-choice between the floor and drafting prices drafting steps at exp(drafting - floor) times
-their modelled cost. Only the ratio matters: a bias common to both regimes moves no decision.
-Both means fade toward zero with a half-life in steps, so a regime the planner stopped
-visiting is trusted again after a while rather than avoided forever on old evidence; a
-regime with fewer than `min_samples` periods gives no correction.
+So the engine reports each decode step's period - the wall time between its read-back and the
+previous one, the real cost of a step in throughput terms - next to the plan it belongs to.
+That interval holds the previous step's drafting and this step's verify, which is what the
+plan's predicted_ms prices (the verify at its bucket, the draft at the depth it verifies).
+This keeps a bias-corrected EMA of log(period / predicted) per cell (bucket B, depth d) and
+per regime (drafting, d > 0, or the floor), and prices a step at exp(log ratio) times its
+modelled cost: the cell's ratio blended with its regime's, and the regime's with none (a
+ratio of 1), each by its sample count, so a few noisy periods move little. A bias common to every
+step moves no decision; what moves decisions is how the regimes, buckets and depths differ.
+Old evidence fades toward zero with a half-life in steps, so a cell the planner stopped
+visiting is trusted again after a while rather than avoided forever.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ from __future__ import annotations
 import math
 
 
-class RegimeCalibration:
-    """log(measured / predicted) step time of drafting steps against floor steps."""
+class StepCalibration:
+    """log(measured / predicted) step time, per (bucket, depth) cell and per regime."""
 
-    def __init__(self, *, decay: float = 0.9, half_life: float = 512.0, min_samples: int = 4,
+    def __init__(self, *, decay: float = 0.9, half_life: float = 512.0, cell_prior: float = 4.0,
                  bounds: tuple[float, float] = (2.0 / 3.0, 1.5)) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
@@ -34,31 +39,49 @@ class RegimeCalibration:
             raise ValueError(f"half_life must be > 0 steps, got {half_life}")
         self.decay = decay
         self.half_life = half_life
-        self.min_samples = min_samples
-        self.bounds = bounds
-        # regime (True: drafting) -> [mean log ratio, samples, step of last sample]
-        self._regimes = {False: [0.0, 0, 0], True: [0.0, 0, 0]}
+        self.cell_prior = cell_prior  # samples at which a cell counts as much as its regime
+        self.lo, self.hi = math.log(bounds[0]), math.log(bounds[1])
+        # key -> [mean log ratio, samples, step of last sample]; keys: (bucket, depth) cells and
+        # the regimes False (the floor) and True (drafting)
+        self._cells: dict = {}
+        self.version = 0  # bumped per sample: plan() caches what it derives by it
 
-    def observe(self, *, drafting: bool, predicted_ms: float, measured_ms: float,
+    def observe(self, *, bucket: int, depth: int, predicted_ms: float, measured_ms: float,
                 step: int) -> None:
-        """One decode step: the plan's predicted wall ms and the loop's measured period."""
+        """One decode step: its bucket, the depth of the draft its interval ran, the plan's
+        predicted wall ms and the loop's measured period."""
         if not (math.isfinite(predicted_ms) and math.isfinite(measured_ms)
                 and predicted_ms > 0 and measured_ms > 0):
             return
-        cell = self._regimes[bool(drafting)]
-        cell[1] += 1
-        alpha = max(1.0 / cell[1], 1.0 - self.decay)  # a mean until 1 / (1 - decay) samples
-        cell[0] += alpha * (math.log(measured_ms / predicted_ms) - cell[0])
-        cell[2] = step
+        sample = math.log(measured_ms / predicted_ms)
+        for key in ((int(bucket), int(depth)), depth > 0):
+            cell = self._cells.setdefault(key, [0.0, 0, step])
+            cell[1] += 1
+            alpha = max(1.0 / cell[1], 1.0 - self.decay)  # a mean until 1/(1 - decay) samples
+            cell[0] += alpha * (sample - cell[0])
+            cell[2] = step
+        self.version += 1
 
-    def drafting_scale(self, step: int) -> float:
-        """Factor on a drafting step's modelled cost, relative to a floor step's (1.0 until
-        both regimes have `min_samples` periods)."""
-        means = []
-        for cell in self._regimes.values():
-            if cell[1] < self.min_samples:
-                return 1.0
-            means.append(cell[0] * 0.5 ** (max(0, step - cell[2]) / self.half_life))
-        floor, drafting = means
-        lo, hi = self.bounds
-        return min(max(math.exp(drafting - floor), lo), hi)
+    def scale(self, bucket: int, depth: int, step: int) -> float:
+        """Factor on the modelled wall ms of a step verifying `bucket` rows with drafting of
+        `depth` (0: the floor)."""
+        regime = self._shrunk(depth > 0, step)
+        cell = self._cells.get((int(bucket), int(depth)))
+        log_ratio = regime
+        if cell is not None:
+            w = cell[1] / (cell[1] + self.cell_prior)
+            log_ratio = w * self._mean((int(bucket), int(depth)), step) + (1.0 - w) * regime
+        return math.exp(min(max(log_ratio, self.lo), self.hi))
+
+    def _shrunk(self, key, step: int) -> float:
+        """The regime's mean, weighed against no correction by its sample count."""
+        cell = self._cells.get(key)
+        if cell is None:
+            return 0.0
+        return cell[1] / (cell[1] + self.cell_prior) * self._mean(key, step)
+
+    def _mean(self, key, step: int) -> float:
+        cell = self._cells.get(key)
+        if cell is None:
+            return 0.0
+        return cell[0] * 0.5 ** (max(0, step - cell[2]) / self.half_life)

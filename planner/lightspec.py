@@ -68,8 +68,8 @@ class LightSpecOptions:
     # level_variance (logit^2; an N-request batch's mean: level_variance / N). 0 turns it off.
     level_variance: float = 0.5
     level_rho: float = 0.95
-    # Price drafting steps by how far the loop's measured step times sit from the model's,
-    # against floor steps (calibration.py); only with a floor to choose.
+    # Price steps by how far the loop's measured step times sit from the model's, per bucket
+    # and depth and per regime (drafting or the floor; calibration.py).
     calibrate: bool = True
 
     def __post_init__(self) -> None:
@@ -112,6 +112,7 @@ class LightSpecPlanner(BasePlanner):
         self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
         # (shape key, plan() call, (fill, step ms, tokens, depth)) of the last decision
         self._decided: tuple | None = None
+        self._scale_cache: tuple | None = None  # (key, [D, C] calibration factors)
 
     # ---- planning --------------------------------------------------------------------------
 
@@ -182,18 +183,22 @@ class LightSpecPlanner(BasePlanner):
         return float(costs.step_ms(bucket, depth)[0]) / tokens
 
     def _objective(self, costs: StepCosts, n: int, available: int, depth: int,
-                   room: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(u [C], step ms [C], tokens [C]) for every candidate at one proposal depth."""
+                   room: np.ndarray | None) -> tuple[np.ndarray, ...]:
+        """(u [C], buckets [C], step ms [C], tokens [C]) for every candidate at one proposal
+        depth."""
         u, buckets = candidate_rows(self.spec, n, available)
         progress = self.stats.progress_many(n, u, depth, now=self.steps, room=room)  # [C]
         tokens = np.clip(u * progress, n, full_rows(n, depth, room))
-        return u, costs.step_ms(buckets, depth), tokens
+        return u, buckets, costs.step_ms(buckets, depth), tokens
 
     def _evaluate(self, costs: StepCosts, n: int, available: int, depth: int,
                   full: bool = False) -> tuple[int, float, float]:
         """Stage 1: the u with the lowest ms per token (or the full width for a probe)."""
-        u, step_ms, tokens = self._objective(costs, n, available, depth, self._room)
-        i = len(u) - 1 if full else first_best(step_ms / tokens)
+        u, buckets, step_ms, tokens = self._objective(costs, n, available, depth, self._room)
+        if full:
+            i = len(u) - 1
+        else:  # chosen at the calibrated price; predicted_ms stays the model's (calibration.py)
+            i = first_best(step_ms * self._scales(buckets, np.array([depth]))[0] / tokens)
         return int(u[i]), float(step_ms[i]), float(tokens[i])
 
     def _next_room(self) -> np.ndarray | None:
@@ -220,9 +225,7 @@ class LightSpecPlanner(BasePlanner):
         u = np.minimum(buckets[cols][None, :], full[:, None])  # [D, C]
         progress = self.stats.progress_grid(n, u, depths, now=self.steps, room=room)  # [D, C]
         tokens = np.clip(u * progress, n, full[:, None])
-        step_ms = costs.step_ms_grid(buckets[cols], depths)  # [D, C]
-        if self.spec.floor:  # what drafting steps really cost against floor steps
-            step_ms = step_ms * np.where(depths > 0, self._drafting_scale(), 1.0)[:, None]
+        step_ms = costs.step_ms_grid(buckets[cols], depths) * self._scales(buckets[cols], depths)
         j = np.where(valid, step_ms / tokens, np.inf)
         best_by_depth = j.min(axis=1).tolist()  # [D]
         best_depth, best_j = int(depths[0]), math.inf
@@ -248,15 +251,25 @@ class LightSpecPlanner(BasePlanner):
         probe = next(d for d in depths if d >= target)
         room = self._next_room()
         full = min(full_rows(n, probe, room), self.spec.max_requests)
-        _, step_ms, tokens = self._objective(costs, n, full, probe, room)
+        _, buckets, step_ms, tokens = self._objective(costs, n, full, probe, room)
         # A probe still commits tokens; only what it costs beyond their going price is waste.
-        scale = self._drafting_scale() if self.spec.floor else 1.0
+        scale = self._scales(buckets[-1:], np.array([probe]))[0, 0]
         extra = max(0.0, float(step_ms[-1]) * scale - float(tokens[-1]) * best_j)
         affordable = extra <= self.options.explore_fraction * self._spent_since_probe
         return probe if affordable else 0
 
-    def _drafting_scale(self) -> float:
-        return self.calibration.drafting_scale(self.steps) if self.options.calibrate else 1.0
+    def _scales(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        """[D, C] factors on the modelled wall ms of (depth, bucket) steps: what the loop's
+        periods say those steps really cost (calibration.py); 1 with calibrate off."""
+        if not self.options.calibrate:
+            return np.ones((len(depths), len(buckets)))
+        key = (self.calibration.version, self.steps // 64, tuple(buckets.tolist()),
+               tuple(depths.tolist()))
+        if self._scale_cache is None or self._scale_cache[0] != key:
+            grid = np.array([[self.calibration.scale(b, d, self.steps) for b in buckets.tolist()]
+                             for d in depths.tolist()])
+            self._scale_cache = (key, grid)
+        return self._scale_cache[1]
 
     # ---- statistics ------------------------------------------------------------------------
 

@@ -205,7 +205,8 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
     # a floor step. The oracle picks its depth in hindsight, so it always has a proposal.
     drafting = False
     pending, pending_host, stale_conf = None, None, None
-    pending_period, last_regime = None, None  # whole-step periods, as the engine reports them
+    # Whole-step periods as the engine reports them: the draft before a verify, then it.
+    pending_period, last_draft_ms = None, None
     drain = RunResult(profile=config.profile, concurrency=c, policy=config.policy,
                       label=policy.label)
     while True:
@@ -278,12 +279,14 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             # The engine refreshes host costs from decode-only steps (prefill changes the work).
             pending_host = ((n, host_ms, draft_depth > 0) if config.host_cost and not free.size
                             else None)
-            # A decode-only step after one of the same regime (drafting or the floor): its
-            # wall time is what the engine reports as the period between two read-backs.
-            regime = None if free.size else draft_depth > 0
-            pending_period = ((plan, step_ms) if regime is not None and regime == last_regime
-                              else None)
-            last_regime = regime
+            # Between two decode-only read-backs the device ran the previous step's drafting
+            # and this step's verify (and the host its loop).
+            pending_period = None
+            if not free.size and last_draft_ms is not None:
+                device = target_ms + last_draft_ms
+                pending_period = (plan, max(device, host_ms) if config.overlap
+                                  else device + host_ms)
+            last_draft_ms = None if free.size else draft_ms
             stale_conf = conf  # DSpark-style reads last step's confidences (host lag)
         else:
             decode_ms = target_ms + draft_ms
