@@ -202,8 +202,8 @@ class Engine:
         self._last_ready: float | None = None
         self._last_waited = False
         self._last_plan: StepPlan | None = None  # the previous decode step's plan
-        # (when, step index, drafting) of the last decode-only read-back (whole-step periods)
-        self._last_read: tuple[float, int, bool] | None = None
+        # (when, step index) of the last decode-only read-back (whole-step periods)
+        self._last_read: tuple[float, int] | None = None
         self._last_readback = None
         self._last_conf: np.ndarray | None = None  # [N, K], a step late (dspark)
 
@@ -470,15 +470,13 @@ class Engine:
             observer(event)
 
     def _observe_period(self, event: StepEvent) -> None:
-        """The wall time since the previous read-back, when both were decode-only steps of
-        the same regime (drafting or the floor): what the step really cost the loop, for the
-        planner's whole-step calibration (planner/calibration.py)."""
-        now, plan = time.perf_counter(), event.plan
-        drafting = plan.draft_depth > 0
-        last = self._last_read
-        if last is not None and last[1] == event.record.index - 1 and last[2] == drafting:
-            self.planner.observe_period(plan=plan, period_ms=1e3 * (now - last[0]))
-        self._last_read = (now, event.record.index, drafting)
+        """The wall time since the previous read-back, when both were decode-only steps: the
+        drafting of the proposal this step verified, then its verify - what the step really
+        cost the loop, for the planner's whole-step calibration (planner/calibration.py)."""
+        now, last = time.perf_counter(), self._last_read
+        if last is not None and last[1] == event.record.index - 1:
+            self.planner.observe_period(plan=event.plan, period_ms=1e3 * (now - last[0]))
+        self._last_read = (now, event.record.index)
 
     def _output(self, request: Request) -> RequestOutput:
         if request.finish_reason is not None:
