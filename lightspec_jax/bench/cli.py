@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(serve_table(result["rows"]))
         result["ranking"] = ranking(result["rows"])
-        print("ranking, slowest to fastest ('~': min-max ranges overlap, too close to order): "
+        print("ranking, slowest to fastest ('~': the repeats cannot tell them apart - not "
+              "ahead in every repeat, or by under 3%): "
               + "; ".join(result["ranking"]))
         result["interpretation"] = interpret(result["rows"])
         print("\n".join(result["interpretation"]))

@@ -152,7 +152,7 @@ def test_interpretation_and_table():
             _row(64, "none", 1000), _row(64, "static:3", 600, **spec),
             _row(64, "dynamic:7", 800, **spec)]
     assert interpret(rows) == [
-        "c=1: dynamic:7 1.80x plain, 0.90x best fixed K (static:3, within the spread of repeats)"
+        "c=1: dynamic:7 1.80x plain, 0.90x best fixed K (static:3, within the noise of repeats)"
         "; fastest: static:3",
         "c=64: dynamic:7 0.80x plain, 1.33x best fixed K (static:3); fastest: none"]
     assert interpret(rows[:2]) == ["c=1: fastest: static:3 2.00x plain"]
@@ -161,6 +161,22 @@ def test_interpretation_and_table():
     assert text.splitlines()[0].split()[:3] == ["c", "policy", "tok/s"]
     assert text.splitlines()[-1] == LEGEND
     assert "162-198" in text and "0.80x" in text
+
+
+def test_ranking_pairs_the_repeats():
+    """Each repeat times every policy back to back: a machine that slows down between repeats
+    moves all of them, and the per-repeat ratio still orders them; a policy ahead in one
+    repeat and behind in another, or ahead by under 3%, ties."""
+    def row(policy, repeats):
+        return {"concurrency": 8, "policy": policy, "tok_s": sorted(repeats)[1],
+                "tok_s_min": min(repeats), "tok_s_max": max(repeats),
+                "tok_s_repeats": repeats}
+    drift = [row("none", [300, 240, 270]), row("static:3", [270, 215, 245])]  # -10% each time
+    assert ranking(drift) == ["c=8: static:3 < none"]  # min-max ranges overlap, yet ordered
+    mixed = [row("none", [300, 240, 270]), row("static:3", [310, 230, 262])]
+    assert ranking(mixed) == ["c=8: none ~ static:3"]
+    close = [row("none", [300, 240, 270]), row("static:3", [306, 245, 275])]  # +2% each time
+    assert ranking(close) == ["c=8: none ~ static:3"]
 
 
 def test_versions_and_assets():
