@@ -102,6 +102,14 @@ class EngineConfig:
     forbid_recompile: bool = True
     seed: int = 0  # engine-level randomness for requests sampled without their own seed
     show_progress: bool = True  # progress bar while compiling buckets
+    # Serving over several devices (engine/sharding.py): a ('data', 'model') jax Mesh of the
+    # first data_parallel_size x tensor_parallel_size visible devices; the model's heads, MLP
+    # and vocabulary split over 'model', the request slots over 'data'. Or an explicit `mesh`
+    # with exactly those two axis names (then leave both sizes at 1). (1, 1) and no mesh: one
+    # device, exactly the single-device engine.
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    mesh: object | None = None  # jax.sharding.Mesh with axes ('data', 'model')
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
@@ -127,6 +135,53 @@ class EngineConfig:
             if not buckets or buckets[0] < 1:
                 raise ValueError(f"verify_buckets must be positive ints, got {self.verify_buckets!r}")
             object.__setattr__(self, "verify_buckets", buckets)
+        self._check_parallelism()
+
+    def _check_parallelism(self) -> None:
+        """Sizes, or a mesh, that fit the slots and the visible devices (the model's head
+        counts are checked when the engine gets its model: engine/sharding.py)."""
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        sizes = (self.tensor_parallel_size, self.data_parallel_size)
+        if self.mesh is not None:
+            if sizes != (1, 1):
+                raise ValueError(f"give either mesh= or tensor_parallel_size / "
+                                 f"data_parallel_size, not both (got a mesh and "
+                                 f"tensor_parallel_size={sizes[0]}, "
+                                 f"data_parallel_size={sizes[1]})")
+            import jax
+
+            if not isinstance(self.mesh, jax.sharding.Mesh):
+                raise ValueError(f"mesh must be a jax.sharding.Mesh, got "
+                                 f"{type(self.mesh).__name__}")
+            if tuple(self.mesh.axis_names) != ("data", "model"):
+                raise ValueError(f"mesh axes must be ('data', 'model'), got "
+                                 f"{tuple(self.mesh.axis_names)}")
+            data = self.mesh.shape["data"]
+        else:
+            data = self.data_parallel_size
+            if sizes != (1, 1):
+                import jax
+
+                visible = jax.device_count()
+                if sizes[0] * sizes[1] > visible:
+                    raise ValueError(
+                        f"tensor_parallel_size={sizes[0]} x data_parallel_size={sizes[1]} needs "
+                        f"{sizes[0] * sizes[1]} devices, but {visible} are visible "
+                        f"({jax.default_backend()}); on a CPU, set XLA_FLAGS="
+                        f"--xla_force_host_platform_device_count=N before jax starts")
+        if self.max_num_seqs % data:
+            raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must be a multiple of the data "
+                             f"parallel size ({data}): the request slots split evenly over "
+                             f"the 'data' axis")
+
+    @property
+    def uses_mesh(self) -> bool:
+        """Whether the engine serves over a mesh (False: the single-device engine)."""
+        sizes = (self.tensor_parallel_size, self.data_parallel_size)
+        return self.mesh is not None or sizes != (1, 1)
 
     @property
     def resolved_cost_cache_dir(self) -> str | None:

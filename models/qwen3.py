@@ -80,10 +80,14 @@ class Qwen3(nnx.Module):
     def dtype(self):
         return self.embed.get_value().dtype
 
-    def new_cache(self, *, num_slots: int, max_len: int, dtype=None) -> KVCache:
+    def new_cache(self, *, num_slots: int, max_len: int, dtype=None,
+                  num_kv_heads: int | None = None) -> KVCache:
+        """num_kv_heads: for K/V projections whose heads were repeated (tensor parallelism
+        over more devices than KV heads, engine/sharding.py); the forward reads G from the
+        projections, so the cache must match them."""
         cfg = self.config
         return KVCache.init(num_layers=cfg.num_layers, num_slots=num_slots, max_len=max_len,
-                            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                            num_kv_heads=num_kv_heads or cfg.num_kv_heads, head_dim=cfg.head_dim,
                             dtype=dtype or self.dtype)
 
     def embed_tokens(self, tokens: jax.Array) -> jax.Array:

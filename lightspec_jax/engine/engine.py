@@ -35,6 +35,7 @@ from .buckets import CompileWatch, enable_compilation_cache, powers_of_two, veri
 from .costs import CostStore, device_interval_ms
 from .runner import ModelRunner
 from .scheduler import Scheduler
+from .sharding import MeshLayout, engine_mesh
 from .verifier import ExactMatch, SyntheticAcceptance
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,18 @@ def hides_host_time(config: EngineConfig) -> bool:
     (host_overhead.py: with a max() model at c=64 the planner took host-bound rows for free
     and ran 2.65x a plain step instead of 1.45x)."""
     return config.overlap and jax.default_backend() != "cpu"
+
+
+def _check_mesh_ops(mesh) -> None:
+    """On a GPU the ops would run their Pallas kernels, which GSPMD cannot split: running them
+    under shard_map on local shards is not built yet, so a multi-device mesh there needs the
+    jnp reference ops (which GSPMD partitions like any jnp code)."""
+    from lightspec_jax.pallas_kernels._backend import OPS, REFERENCE_OPS_ENV, reference_ops
+
+    if mesh.size > 1 and jax.default_backend() == "gpu" and reference_ops() != frozenset(OPS):
+        raise NotImplementedError(
+            f"serving over a {dict(mesh.shape)} GPU mesh runs the jnp reference ops only (the "
+            f"Pallas kernels under shard_map are not built yet): set {REFERENCE_OPS_ENV}=all")
 
 
 class Engine:
@@ -140,11 +153,16 @@ class Engine:
                       else (k,))
         # Verify rows write up to K past seq_len and drafting up to K more.
         cache_len = _cache_len(config.max_model_len + 2 * k)
+        self.mesh = engine_mesh(config)
+        layout = None
+        if self.mesh is not None:
+            layout = MeshLayout.for_target(self.mesh, model.config, num_slots=n)
+            _check_mesh_ops(self.mesh)
         start = time.perf_counter()
         self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=cache_len, max_depth=k,
                                   prefill_buckets=config.buckets, decode_buckets=decode_buckets,
                                   draft_depths=depths, verifier=verifier,
-                                  show_progress=config.show_progress)
+                                  show_progress=config.show_progress, layout=layout)
         self.compile_seconds = time.perf_counter() - start
         if verifier.name:
             log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "
@@ -159,7 +177,9 @@ class Engine:
                         config.max_model_len, limit)
         if config.show_progress:
             auto = " (dtype='auto')" if config.dtype == "auto" else ""
-            print(f"lightspec_jax: {model.dtype}{auto} on {jax.default_backend()}; compiled "
+            where = (jax.default_backend() if self.mesh is None else
+                     f"a {dict(self.mesh.shape)} {jax.default_backend()} mesh")
+            print(f"lightspec_jax: {model.dtype}{auto} on {where}; compiled "
                   f"{len(config.buckets)} prefill buckets {list(config.buckets)} and "
                   f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
                   f"{self.compile_seconds:.1f} s")

@@ -30,6 +30,7 @@ from . import step
 from .batch import PrefillInputs, Readback, SlotRows, SlotState, write_slots
 from .buckets import BucketRegistry, powers_of_two
 from .scheduler import PrefillChunk
+from .sharding import MeshLayout, device_bytes
 from .verifier import ExactMatch
 
 
@@ -42,7 +43,9 @@ class ModelRunner:
     def __init__(self, target: Qwen3, drafter: Drafter | None, *, num_slots: int,
                  cache_len: int, max_depth: int, prefill_buckets: tuple[int, ...],
                  decode_buckets: tuple[int, ...], draft_depths: tuple[int, ...] = (),
-                 verifier=None, show_progress: bool = True):
+                 verifier=None, show_progress: bool = True, layout: MeshLayout | None = None):
+        """layout: the shardings over a device mesh (engine/sharding.py); None: one device,
+        and none of the code below places or constrains anything."""
         self.num_slots = n = num_slots
         self.max_depth = k = max(max_depth, 1)  # plain decoding keeps a 1-wide empty proposal
         self.cache_len = cache_len
@@ -53,10 +56,40 @@ class ModelRunner:
         self._t_leaves, t_treedef = jax.tree.flatten(t_state)
         self._d_leaves = drafter.param_leaves if drafter is not None else []
         self._embed = target.embed[...]  # [V, H]: all of the target that drafting reads
-        self.cache = target.new_cache(num_slots=n, max_len=cache_len)
-        self.dcache = drafter.new_cache(num_slots=n, cache_len=cache_len) if drafter else None
-        self.state = SlotState.empty(n, k)
+        self.layout = layout
+        new_cache = lambda: target.new_cache(num_slots=n, max_len=cache_len)  # noqa: E731
+        new_dcache = lambda: (drafter.new_cache(num_slots=n, cache_len=cache_len)  # noqa: E731
+                              if drafter else None)
+        new_state = lambda: SlotState.empty(n, k)  # noqa: E731
+        out_shardings = {}
+        if layout is None:
+            self.cache, self.dcache, self.state = new_cache(), new_dcache(), new_state()
+        else:
+            # The unsharded model given stays where it is (sharded loading is not built).
+            self._t_leaves, self._embed = layout.place_target(t_state)
+            self._d_leaves = layout.replicate(self._d_leaves)
+            per_slot = lambda tree: layout.slot_shardings(tree, n)  # noqa: E731
+            kv_heads = layout.kv_heads(target.config)
+            self.cache = layout.allocate(
+                lambda: target.new_cache(num_slots=n, max_len=cache_len, num_kv_heads=kv_heads),
+                layout.cache_shardings)
+            self.dcache = layout.allocate(new_dcache, per_slot)
+            self.state = layout.allocate(new_state, per_slot)
+            # Outputs keep the inputs' shardings, so a donated cache stays sharded and the next
+            # call matches the compiled executable; what the host reads is gathered by it.
+            cache_s = layout.cache_shardings(self.cache)
+            dcache_s, state_s = per_slot(self.dcache), per_slot(self.state)
+            out_shardings = dict(  # first tokens [C] replicated; read-back, confidences [N, .]
+                prefill=(cache_s, dcache_s, state_s, layout.replicated),
+                decode=(cache_s, dcache_s, state_s, layout.slot_rows, layout.slot_rows),
+                draft=(dcache_s, state_s), write=state_s)
         verifier = self.verifier
+        spec = abstract if layout is None else layout.abstract
+
+        def jit_kwargs(step_name, **kwargs):
+            if step_name in out_shardings:
+                kwargs["out_shardings"] = out_shardings[step_name]
+            return kwargs
 
         def merge(leaves):
             return nnx.merge(graphdef, jax.tree.unflatten(t_treedef, leaves))
@@ -83,29 +116,32 @@ class ModelRunner:
         # Every depth up to K is defined; those the policy does not plan compile on first use.
         self.draft_registry = BucketRegistry("draft step", range(1, k + 1) if drafter else ())
         self.write_registry = BucketRegistry("slot write", powers_of_two(n, base=4))
-        t_abs, d_abs = abstract(self._t_leaves), abstract(self._d_leaves)
-        cache_abs, dcache_abs, state_abs = (abstract(x) for x in
+        t_abs, d_abs = spec(self._t_leaves), spec(self._d_leaves)
+        cache_abs, dcache_abs, state_abs = (spec(x) for x in
                                             (self.cache, self.dcache, self.state))
-        donate = dict(donate_argnames=("cache", "dcache", "state"))
-        extra_abs = abstract(verifier.empty_inputs(n, k))
+        donate = ("cache", "dcache", "state")
+        extra_abs = spec(verifier.empty_inputs(n, k))
         for mode in SampleMode:  # greedy now, the others when first needed (lazy)
             lazy = mode is not SampleMode.GREEDY
             for t in self.prefill_registry.sizes:
                 self.prefill_registry.define(
                     (t, mode), prefill_fn(mode), t_abs, d_abs, cache_abs, dcache_abs, state_abs,
-                    abstract(PrefillInputs.empty(t, n)), lazy=lazy, **donate)
+                    spec(PrefillInputs.empty(t, n)), lazy=lazy,
+                    **jit_kwargs("prefill", donate_argnames=donate))
             for b in self.decode_registry.sizes:
                 self.decode_registry.define((b, mode), decode_fn(b, mode), t_abs, d_abs,
                                             cache_abs, dcache_abs, state_abs, extra_abs,
-                                            lazy=lazy, **donate)
+                                            lazy=lazy,
+                                            **jit_kwargs("decode", donate_argnames=donate))
         for d in self.draft_registry.sizes:
-            self.draft_registry.define(d, draft_fn(d), abstract(self._embed), d_abs, dcache_abs,
+            self.draft_registry.define(d, draft_fn(d), spec(self._embed), d_abs, dcache_abs,
                                        state_abs,
                                        lazy=d not in draft_depths,
-                                       donate_argnames=("dcache", "state"))
+                                       **jit_kwargs("draft", donate_argnames=("dcache", "state")))
         for u in self.write_registry.sizes:
             self.write_registry.define(u, write_slots, state_abs,
-                                       abstract(SlotRows.empty(u, n)), donate_argnames=("state",))
+                                       spec(SlotRows.empty(u, n)),
+                                       **jit_kwargs("write", donate_argnames=("state",)))
         registries = (self.prefill_registry, self.decode_registry, self.draft_registry,
                       self.write_registry)
         work = [(r, key) for r in registries for key in r.pending]
@@ -117,6 +153,14 @@ class ModelRunner:
     def compile_seconds(self) -> float:
         return sum(r.compile_seconds for r in (self.prefill_registry, self.decode_registry,
                                                self.draft_registry, self.write_registry))
+
+    def device_bytes(self) -> dict[str, dict[int, int]]:
+        """Bytes each device holds (device id -> bytes) of the target's parameters, the
+        drafter's, the target's KV cache and the drafter's cache, read from the arrays' shards
+        (sharding.device_bytes). On one device: the whole of each."""
+        parts = dict(target=self._t_leaves, drafter=self._d_leaves, kv=self.cache,
+                     draft_cache=self.dcache)
+        return {name: device_bytes(tree) for name, tree in parts.items()}
 
     # --- dispatch (never waits for the device) ----------------------------------------------
 

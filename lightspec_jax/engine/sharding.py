@@ -1,0 +1,222 @@
+"""Tensor and data parallelism over a ('data', 'model') jax Mesh: where each array lives.
+
+Only placement is decided here. The engine's steps stay the single-device functions: they are
+compiled with their inputs and outputs placed by the NamedShardings below, and GSPMD inserts
+the collectives (the all-reduces after o_proj and down_proj, the vocabulary-sharded
+embedding lookup and argmax, gathers of slot-sharded state). The axis names follow
+tpu-inference (`tpu_inference/layers/common/sharding.py`: 'data' and 'model').
+
+Tensor parallelism (M devices on 'model'), Megatron-style:
+    q_proj [L, H, Q, D]   over Q        o_proj [L, Q, D, H]   over Q
+    k_proj, v_proj [L, H, G, D] over G, and the KV cache [L, N, S, G, D] over G; when M > G
+        each KV head is replicated M/G times, as vLLM and SGLang do (vLLM
+        `model_executor/layers/linear.py` QKVParallelLinear, `num_kv_head_replicas`): the
+        projections are repeated to M heads (head i -> copies M/G * i .. M/G * (i+1) - 1)
+        and split over M with a cache of M heads, so each device holds the one KV head its
+        query heads read (query head j reads copy j // (Q/M), which is head j // (Q/G): GQA
+        unchanged). Fully replicating them instead made GSPMD all-gather the whole cache in
+        every step.
+    gate_proj, up_proj [L, H, I] over I  down_proj [L, I, H] over I
+    embed [V, H] and lm_head [H, V] over V
+    norms replicated (the RMSNorm weights [H] and the per-head q_norm / k_norm [D])
+Data parallelism (D devices on 'data'): the request slots N, i.e. the KV caches' N axis and
+every per-slot array (SlotState, the drafter's caches); the parameters are replicated over
+'data'. The drafter (Eagle3, draft LM, DFlash) is replicated on 'model': its caches are
+sharded over 'data' only.
+
+What GSPMD keeps global: the verify fill's top-B is one jnp op over all N slots, so the
+planner's budget B means the same thing as on one device (the mesh tests check its layout
+against the single-device one).
+
+Limits of this first slice: data parallelism splits the slots' memory, not the verify
+step's work. The B verify rows are one flat, replicated batch, so each replica runs the
+projections for every row, and attention reads a row's KV blocks from the device that holds
+its slot: a masked gather plus an all-reduce over 'data'. Giving each replica only its own
+slots' rows needs per-replica row buckets. The Pallas kernels do not run under shard_map
+yet (engine.py refuses a multi-device GPU mesh without the reference ops). The model is
+loaded whole, then placed.
+
+Axis legend: L layers, H hidden, Q query heads, G KV heads, D head dim, I intermediate,
+V vocab, N slots, S cache length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from lightspec_jax.models import KVCache, Qwen3Config
+
+DATA, MODEL = "data", "model"
+
+# Qwen3 parameter name -> the axis of its (stacked) value split over 'model'; None: replicated.
+_TARGET_AXES = {
+    "embed": 0, "lm_head": 1, "norm": None,
+    "input_norm": None, "post_norm": None, "q_norm": None, "k_norm": None,
+    "q_proj": 2, "k_proj": 2, "v_proj": 2, "o_proj": 1,
+    "gate_proj": 2, "up_proj": 2, "down_proj": 1,
+}
+_KV_PROJECTIONS = ("k_proj", "v_proj")  # [L, H, G, D]: repeated when M > G
+
+
+def make_mesh(*, tensor_parallel_size: int, data_parallel_size: int, devices=None) -> Mesh:
+    """A (data, model) mesh over the first D x M of `devices` (default: all visible ones), in
+    their listed order: neighbours in the list share a 'model' group."""
+    devices = list(jax.devices() if devices is None else devices)
+    m, d = tensor_parallel_size, data_parallel_size
+    if m * d > len(devices):
+        raise ValueError(f"a {d} x {m} (data x model) mesh needs {m * d} devices, "
+                         f"{len(devices)} given")
+    return Mesh(np.array(devices[:m * d]).reshape(d, m), (DATA, MODEL))
+
+
+def engine_mesh(config) -> Mesh | None:
+    """The EngineConfig's mesh: its `mesh`, one built from its sizes, or None (one device)."""
+    if config.mesh is not None:
+        return config.mesh
+    if not config.uses_mesh:
+        return None
+    return make_mesh(tensor_parallel_size=config.tensor_parallel_size,
+                     data_parallel_size=config.data_parallel_size)
+
+
+def _path_names(path) -> list[str]:
+    return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshLayout:
+    """The shardings of one engine's arrays over `mesh` (see the module docstring)."""
+
+    mesh: Mesh
+    kv_repeat: int  # copies of each KV head (M / G when M > G, else 1)
+
+    @classmethod
+    def for_target(cls, mesh: Mesh, cfg: Qwen3Config, *, num_slots: int) -> "MeshLayout":
+        """Checks that `cfg` splits over the mesh's 'model' axis; raises ValueError naming the
+        sizes that do not divide."""
+        m, d = mesh.shape[MODEL], mesh.shape[DATA]
+        for what, size in (("num_heads (query heads)", cfg.num_heads),
+                           ("intermediate_size", cfg.intermediate_size),
+                           ("vocab_size", cfg.vocab_size)):
+            if size % m:
+                raise ValueError(f"tensor_parallel_size {m} must divide the target's {what} "
+                                 f"({size}); num_heads={cfg.num_heads}, "
+                                 f"num_kv_heads={cfg.num_kv_heads}")
+        g = cfg.num_kv_heads
+        if g % m and m % g:
+            raise ValueError(f"tensor_parallel_size {m} and the target's num_kv_heads ({g}) "
+                             f"must divide one another: KV heads are split when M divides "
+                             f"them and replicated when they divide M (num_heads="
+                             f"{cfg.num_heads})")
+        if num_slots % d:
+            raise ValueError(f"max_num_seqs ({num_slots}) must be a multiple of the data "
+                             f"parallel size ({d})")
+        return cls(mesh, kv_repeat=max(m // g, 1))
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    @property
+    def slot_rows(self) -> NamedSharding:
+        """Per-slot arrays [N, ...]: N over 'data'."""
+        return NamedSharding(self.mesh, P(DATA))
+
+    def _on(self, ndim: int, axis: int | None, name: str) -> NamedSharding:
+        spec = [None] * ndim
+        if axis is not None:
+            spec[axis] = name
+        return NamedSharding(self.mesh, P(*spec))
+
+    # --- parameters ---------------------------------------------------------------------
+
+    def target_shardings(self, state) -> list[NamedSharding]:
+        """One sharding per leaf of a Qwen3's nnx.State, in `jax.tree.flatten` order."""
+        out = []
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+            name = next((n for n in reversed(_path_names(path)) if n in _TARGET_AXES), None)
+            if name is None:
+                raise ValueError(f"no sharding rule for the target parameter "
+                                 f"{'/'.join(_path_names(path))}: add it to _TARGET_AXES")
+            out.append(self._on(np.ndim(leaf), _TARGET_AXES[name], MODEL))
+        return out
+
+    def place_target(self, state) -> tuple[list[jax.Array], jax.Array]:
+        """The target's leaves, K/V heads repeated `kv_repeat` times, placed by
+        `target_shardings` -> (leaves in `jax.tree.flatten` order, embed [V, H])."""
+        pairs = jax.tree_util.tree_flatten_with_path(state)[0]
+        names = [_path_names(path) for path, _ in pairs]
+        leaves = [jnp.repeat(leaf, self.kv_repeat, axis=2)  # [L, H, G*r, D]
+                  if self.kv_repeat > 1 and any(n in _KV_PROJECTIONS for n in name) else leaf
+                  for name, (_, leaf) in zip(names, pairs)]
+        leaves = jax.device_put(leaves, self.target_shardings(state))  # repeats keep ndim
+        embed = next(x for name, x in zip(names, leaves) if "embed" in name)
+        return leaves, embed
+
+    def replicate(self, tree):
+        """The drafter's parameters (and host inputs): a full copy on every device."""
+        return jax.device_put(tree, jax.tree.map(lambda _: self.replicated, tree))
+
+    # --- per-slot arrays ----------------------------------------------------------------
+
+    def kv_heads(self, cfg: Qwen3Config) -> int:
+        """KV heads of the placed target and its cache: G x kv_repeat."""
+        return cfg.num_kv_heads * self.kv_repeat
+
+    def cache_shardings(self, cache: KVCache) -> KVCache:
+        """The target's KV cache [L, N, S, G, D]: N over 'data', G over 'model'."""
+        spec = P(None, DATA, None, MODEL, None)
+        return KVCache(NamedSharding(self.mesh, spec), NamedSharding(self.mesh, spec))
+
+    def slot_shardings(self, tree, num_slots: int):
+        """Per-slot pytrees (SlotState, a drafter's cache, per-slot outputs): KV caches
+        [L, N, S, G, D] and arrays whose leading axis is N split N over 'data'; anything
+        else (a drafter's global statistics) replicated. A replicated drafter keeps its KV
+        heads whole on every 'model' device."""
+        def rule(x):
+            if isinstance(x, KVCache):
+                return KVCache(*(self._on(5, 1, DATA),) * 2)
+            if np.ndim(x) >= 1 and np.shape(x)[0] == num_slots:
+                return self._on(np.ndim(x), 0, DATA)
+            return self.replicated
+        return jax.tree.map(rule, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+    def allocate(self, make: Callable[[], Any], shardings_of: Callable[[Any], Any]):
+        """Runs `make` (zeros) straight into its shardings: a cache is never whole on one
+        device first."""
+        shapes = jax.eval_shape(make)
+        if not jax.tree.leaves(shapes):  # nothing to place (no drafter)
+            return make()
+        return jax.jit(make, out_shardings=shardings_of(shapes))()
+
+    def abstract(self, tree):
+        """ShapeDtypeStructs that carry each array's sharding (host numpy: replicated), so
+        `.lower()` compiles the step for the placed inputs."""
+        def one(x):
+            sharding = x.sharding if isinstance(x, jax.Array) else self.replicated
+            return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+        return jax.tree.map(one, tree)
+
+
+# --- what each device holds -------------------------------------------------------------
+
+def device_bytes(tree) -> dict[int, int]:
+    """Bytes of `tree`'s arrays held by each device (device id -> bytes), read from the
+    arrays' own shards: what a sharding really costs, replication included."""
+    out: dict[int, int] = {}
+    for x in jax.tree.leaves(tree):
+        for shard in x.addressable_shards:
+            out[shard.device.id] = out.get(shard.device.id, 0) + shard.data.nbytes
+    return out
+
+
+def replicated_bytes(tree) -> int:
+    """Bytes of `tree`'s arrays that every device holds whole (fully replicated)."""
+    return sum(x.nbytes for x in jax.tree.leaves(tree) if x.sharding.is_fully_replicated)

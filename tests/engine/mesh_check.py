@@ -1,0 +1,293 @@
+"""Multi-device checks of tensor and data parallelism (engine/sharding.py), run in a fresh
+process: the forced CPU device count must be set before jax starts, and the rest of the suite
+runs on one device (tests/engine/test_mesh.py launches this file).
+
+On the shipped tiny pair in float32 (target: 4 query heads, 2 KV heads), plain, static and
+dynamic engines at TP=2, TP=4 (KV heads replicated), DP=2 and TP=2 x DP=2 (an explicit mesh
+on the last four devices) serve the same randomised scenarios (prompts, lengths, staggered
+arrivals, an abort) as the single-device engine of the same policy, which must match token
+for token, with the same finish reasons; the dynamic engines, given the same cost tables and
+no online refresh, must also plan the same steps and verify the same rows per slot (the fill's
+top-B is global over the slots). Every engine serves with forbid_recompile. Also: the fill on
+slot-sharded inputs, per-device bytes against the shardings, and configuration errors.
+
+Prints one JSON line (the summary) last; exits 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig  # noqa: E402
+from lightspec_jax.assets import tiny_pair  # noqa: E402
+from lightspec_jax.engine.sharding import (MODEL, make_mesh, replicated_bytes)  # noqa: E402
+
+_CACHE = os.environ.get("LIGHTSPEC_TEST_JAX_CACHE",
+                        os.path.join(os.path.dirname(__file__), "..", "..", ".jax_cache"))
+jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+BASE = dict(dtype="float32", max_num_seqs=4, max_model_len=64, max_num_batched_tokens=16,
+            row_buckets=(16,), compilation_cache_dir=None, show_progress=False,
+            forbid_recompile=True)
+K = 2
+LAYOUTS = {  # name -> EngineConfig fields placing it
+    "tp2": dict(tensor_parallel_size=2),
+    "tp4": dict(tensor_parallel_size=4),
+    "dp2": dict(data_parallel_size=2),
+    "tp2xdp2": dict(mesh="last four devices"),
+}
+COSTS = {"target": {"4": 2.0, "8": 2.6, "12": 3.4}, "draft": {"4": 1e-3, "8": 1e-3, "12": 1e-3},
+         "depth": {"1": 0.6, "2": 1.2},
+         "profile": {"draft_depth_ms": {"1": 0.6, "2": 1.2}, "context_per_request": 16,
+                     "num_slots": 4}}
+failures: list[str] = []
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        failures.append(what)
+
+
+def policy_config(policy: str, cost_path: str) -> dict:
+    if policy == "plain":
+        return {}
+    spec = SpeculativeConfig(policy=policy, num_speculative_tokens=K)
+    if policy == "static":
+        return dict(speculative=spec, verify_buckets=(4, 12))
+    return dict(speculative=spec, verify_buckets=(4, 8, 12), cost_table_path=cost_path,
+                refresh_costs=False)
+
+
+def scenarios(seed: int, count: int, vocab: int):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        requests = []
+        for i in range(int(rng.integers(3, 7))):
+            prompt = rng.integers(2, vocab, size=int(rng.integers(1, 30))).tolist()
+            params = SamplingParams(max_tokens=int(rng.integers(2, 20)),
+                                    ignore_eos=bool(rng.random() < 0.5))
+            requests.append((f"r{i}", prompt, params, int(rng.integers(0, 6))))
+        abort = (f"r{int(rng.integers(0, len(requests)))}", int(rng.integers(2, 8)))
+        out.append((requests, abort))
+    return out
+
+
+class Recorder:
+    """A step observer keeping each decode step's plan and per-slot verified rows."""
+
+    def __init__(self):
+        self.plans = []
+
+    def __call__(self, event) -> None:
+        if event.readback is not None:
+            self.plans.append((event.record.verify_rows, event.record.draft_depth,
+                               event.readback[:, event.columns.verified].tolist()))
+
+
+def serve(engine: Engine, recorder: Recorder, requests, abort):
+    """Runs a scenario through the step API -> ({id: (tokens, reason)}, per-step plans)."""
+    recorder.plans = []
+    pending = sorted(requests, key=lambda r: r[3])
+    outputs, added, step = {}, set(), 0
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][3] <= step:
+            rid, prompt, params, _ = pending.pop(0)
+            engine.add_request(rid, prompt, params)
+            added.add(rid)
+        if step == abort[1] and abort[0] in added and abort[0] not in outputs:
+            engine.abort(abort[0])
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = (list(out.token_ids), out.finish_reason)
+        step += 1
+    return outputs, recorder.plans
+
+
+def recorded(engine: Engine) -> Recorder:
+    recorder = Recorder()
+    engine.add_step_observer(recorder)
+    return recorder
+
+
+def layout_config(name: str) -> dict:
+    fields = dict(LAYOUTS[name])
+    if fields.get("mesh"):
+        fields["mesh"] = make_mesh(tensor_parallel_size=2, data_parallel_size=2,
+                                   devices=jax.devices()[4:])
+    return fields
+
+
+def main() -> int:
+    summary: dict = {"devices": jax.device_count(), "seconds": {}, "bytes": {}, "hlo": {}}
+    started = time.perf_counter()
+    pair = tiny_pair()
+    # Fixed cost tables (no start-up sweep, no refresh): every dynamic engine plans alike.
+    cost_path = os.path.join(tempfile.mkdtemp(), "costs.json")
+    with open(cost_path, "w") as f:
+        json.dump(COSTS, f)
+    ref = {}
+    for policy in ("plain", "static", "dynamic"):
+        t0 = time.perf_counter()
+        config = EngineConfig(**BASE, **policy_config(policy, cost_path))
+        drafter = None if policy == "plain" else pair.drafter
+        ref[policy] = Engine.from_pretrained(pair.target, drafter, config=config)
+        summary["seconds"][f"single/{policy}"] = round(time.perf_counter() - t0, 2)
+    model, drafter = ref["plain"].model, ref["static"].drafter
+    cases = scenarios(seed=14, count=3, vocab=model.config.vocab_size)
+    want = {}
+    for policy, engine in ref.items():
+        recorder = recorded(engine)
+        want[policy] = [serve(engine, recorder, *case) for case in cases]
+    for (plain_out, _), (spec_out, _) in zip(want["plain"], want["static"]):
+        for rid, (tokens, reason) in plain_out.items():
+            if reason != "abort" and spec_out[rid][1] != "abort":
+                check(spec_out[rid] == (tokens, reason), f"single static != plain on {rid}")
+
+    for name in LAYOUTS:
+        for policy in ("plain", "static", "dynamic"):
+            t0 = time.perf_counter()
+            config = EngineConfig(**BASE, **policy_config(policy, cost_path),
+                                  **layout_config(name))
+            engine = Engine(model, config=config, eos_token_ids=ref[policy].eos_token_ids,
+                            drafter=None if policy == "plain" else drafter)
+            recorder = recorded(engine)
+            for i, case in enumerate(cases):
+                got_out, got_plans = serve(engine, recorder, *case)
+                want_out, want_plans = want[policy][i]
+                for rid in want_out:
+                    check(got_out.get(rid) == want_out[rid],
+                          f"{name}/{policy} case {i} {rid}: {got_out.get(rid)} != {want_out[rid]}")
+                if policy == "dynamic":
+                    check(got_plans == want_plans, f"{name}/dynamic case {i}: plans or verified "
+                                                   f"rows differ from the single-device engine")
+            summary["seconds"][f"{name}/{policy}"] = round(time.perf_counter() - t0, 2)
+            if policy == "plain":
+                summary["bytes"][name] = measure_bytes(name, engine)
+            if policy == "static":
+                summary["hlo"][name] = collectives(engine)
+    # The start-up cost sweep and the online refresh on a mesh: plans follow measured times
+    # now, so only the outputs must match.
+    t0 = time.perf_counter()
+    config = EngineConfig(**BASE, **layout_config("tp2xdp2"), speculative=SpeculativeConfig(
+        policy="dynamic", num_speculative_tokens=K), verify_buckets=(4, 8, 12))
+    engine = Engine(model, config=config, eos_token_ids=ref["dynamic"].eos_token_ids,
+                    drafter=drafter)
+    got_out, _ = serve(engine, recorded(engine), *cases[0])
+    for rid, (tokens, reason) in want["dynamic"][0][0].items():
+        if reason != "abort" and got_out[rid][1] != "abort":  # aborts land by plan
+            check(got_out[rid] == (tokens, reason), f"tp2xdp2/dynamic-sweep {rid} differs")
+    summary["seconds"]["tp2xdp2/dynamic-sweep"] = round(time.perf_counter() - t0, 2)
+    summary["fill"] = check_fill()
+    summary["errors"] = check_errors(model)
+    summary["seconds"]["total"] = round(time.perf_counter() - started, 2)
+    summary["failures"] = failures
+    print(json.dumps(summary))
+    return 1 if failures else 0
+
+
+def measure_bytes(name: str, engine: Engine) -> dict:
+    """Per-device target parameter and KV bytes against the whole and the shardings."""
+    runner = engine.runner
+    m = engine.mesh.shape[MODEL]
+    held = runner.device_bytes()
+    whole = sum(x.nbytes for x in jax.tree.leaves(nnx.state(engine.model)))  # as loaded
+    placed = sum(x.nbytes for x in runner._t_leaves)  # K/V heads repeated when M > G
+    replicated = replicated_bytes(runner._t_leaves)  # the RMSNorm weights
+    bound = (placed - replicated) / m + replicated
+    most = max(held["target"].values())
+    check(most <= bound, f"{name}: {most} target bytes on a device > {bound:.0f} bound")
+    kv_total = runner.cache.k.nbytes + runner.cache.v.nbytes
+    return dict(tp=m, dp=engine.mesh.shape["data"], target_whole=whole, target_placed=placed,
+                target_replicated=replicated, target_per_device=most, bound=int(bound),
+                kv_whole=2 * runner.cache.k.nbytes // runner.layout.kv_repeat,
+                kv_placed=kv_total, kv_per_device=max(held["kv"].values()),
+                kv_heads=runner.cache.k.shape[3], kv_repeat=runner.layout.kv_repeat)
+
+
+def collectives(engine: Engine) -> dict:
+    """Collective ops in the largest compiled verify step, and the shapes all-gathered."""
+    registry = engine.runner.decode_registry
+    key = max(registry._compiled, key=lambda k: k[0])
+    text = registry._compiled[key].as_text()
+    ops = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+    counts = {op: text.count(f" {op}(") + text.count(f" {op}-start(") for op in ops}
+    gathered = sorted({line.split("=")[1].split(" ")[1] for line in text.splitlines()
+                       if " all-gather(" in line and "=" in line})
+    return dict(counts=counts, all_gather_shapes=gathered[:12])
+
+
+def check_fill() -> str:
+    """The fill's top-B on slot-sharded inputs (4 x 2 mesh) equals the single-device one."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from lightspec_jax.pallas_kernels import fill
+
+    mesh = make_mesh(tensor_parallel_size=2, data_parallel_size=4)
+    rng = np.random.default_rng(0)
+    n, k = 8, 5
+    fill_jit = jax.jit(fill, static_argnames=("num_rows",))
+    for trial in range(6):
+        conf = rng.random((n, k)).astype(np.float32)
+        plen = rng.integers(0, k + 1, n).astype(np.int32)
+        active = rng.random(n) < 0.8
+        rows = int(active.sum()) + int(rng.integers(0, n * k // 2 + 1))
+        one = fill_jit(conf, plen, active, num_rows=rows)
+        on_data = NamedSharding(mesh, P("data"))
+        sharded = fill_jit(*jax.device_put((conf, plen, active), on_data), num_rows=rows)
+        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(sharded)):
+            check(np.array_equal(np.asarray(a), np.asarray(b)),
+                  f"fill trial {trial}: the slot-sharded layout differs")
+    return "checked 6 fills"
+
+
+def check_errors(model) -> list[str]:
+    """Bad sizes and meshes fail at construction with messages naming the values."""
+    seen = []
+
+    def expect(make, *words):
+        try:
+            make()
+        except (ValueError, NotImplementedError) as err:
+            msg = str(err)
+            check(all(w in msg for w in words), f"error {msg!r} lacks {words}")
+            seen.append(msg)
+        else:
+            check(False, f"no error for {words}")
+
+    small = dict(BASE)
+    expect(lambda: EngineConfig(tensor_parallel_size=0), "tensor_parallel_size", "0")
+    expect(lambda: EngineConfig(tensor_parallel_size=16), "16 devices", "8 are visible")
+    expect(lambda: EngineConfig(data_parallel_size=2, max_num_seqs=3), "max_num_seqs (3)")
+    mesh = make_mesh(tensor_parallel_size=2, data_parallel_size=1)
+    expect(lambda: EngineConfig(mesh=mesh, tensor_parallel_size=2), "not both")
+    other = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    expect(lambda: EngineConfig(mesh=other), "('data', 'model')")
+    expect(lambda: Engine(model, config=EngineConfig(**small, tensor_parallel_size=8)),
+           "num_heads=4", "num_kv_heads=2")
+    expect(lambda: Engine(model, config=EngineConfig(**small, tensor_parallel_size=3)),
+           "num_heads=4", "3")
+    return seen
+
+
+if __name__ == "__main__":
+    if jax.device_count() != 8:
+        print(json.dumps({"failures": [f"{jax.device_count()} devices, not 8: jax started "
+                                       "before XLA_FLAGS was set"]}))
+        sys.exit(1)
+    sys.exit(main())

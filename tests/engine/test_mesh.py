@@ -1,0 +1,63 @@
+"""Tensor and data parallelism over a jax Mesh (engine/sharding.py).
+
+XLA_FLAGS=--xla_force_host_platform_device_count=8 only takes effect before jax starts, and
+the rest of the suite runs on one device in this process, so the multi-device checks run in
+one child process (mesh_check.py: engines at TP=2, TP=4, DP=2 and TP=2 x DP=2 against the
+single-device ones, the fill on sharded slots, per-device bytes, configuration errors), whose
+JSON summary is checked here. What needs no second device runs in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lightspec_jax import EngineConfig
+
+CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh_check.py")
+
+
+@pytest.mark.multidevice
+def test_mesh_serving_equals_single_device():
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run([sys.executable, CHECK], env=env, capture_output=True, text=True,
+                          timeout=900)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"mesh_check.py printed nothing (rc {proc.returncode}):\n{proc.stderr[-6000:]}"
+    summary = json.loads(lines[-1])
+    assert summary["failures"] == [], "\n".join(summary["failures"])
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    for name, b in summary["bytes"].items():
+        # Split parts 1/M on each device, the replicated norms whole; at M > G each device
+        # holds one copy of the KV head its query heads read.
+        assert b["target_per_device"] <= b["bound"], (name, b)
+        assert b["kv_per_device"] == b["kv_placed"] // (b["dp"] * b["tp"]), (name, b)
+    tp4 = summary["bytes"]["tp4"]  # 4 devices > 2 KV heads: each head on two devices
+    assert tp4["kv_repeat"] == 2 and tp4["kv_heads"] == 4
+    assert tp4["kv_per_device"] == tp4["kv_whole"] // 2
+
+
+def test_defaults_build_no_mesh():
+    config = EngineConfig()
+    assert not config.uses_mesh and config.mesh is None
+    assert (config.tensor_parallel_size, config.data_parallel_size) == (1, 1)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be an int >= 1"),
+    (dict(data_parallel_size=1.5), "data_parallel_size must be an int >= 1"),
+    (dict(tensor_parallel_size="more than visible"), "devices, but"),
+    (dict(mesh="two devices"), "mesh must be a jax.sharding.Mesh"),
+])
+def test_bad_parallel_config(fields, words):
+    if fields.get("tensor_parallel_size") == "more than visible":
+        import jax
+
+        fields = dict(tensor_parallel_size=jax.device_count() + 1)
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        EngineConfig(**fields)
