@@ -20,7 +20,9 @@ modelled cost: the cell's ratio blended with its regime's, and the regime's with
 ratio of 1), each by its sample count, so a few noisy periods move little. A bias common to every
 step moves no decision; what moves decisions is how the regimes, buckets and depths differ.
 Old evidence fades toward zero with a half-life in steps, so a cell the planner stopped
-visiting is trusted again after a while rather than avoided forever.
+visiting is trusted again after a while rather than avoided forever. A planner that sits in
+one cell learns nothing about its rivals, so the planner visits a close rival whose cell is
+unmeasured now and then (LightSpecPlanner._rival).
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ class StepCalibration:
             w = cell[1] / (cell[1] + self.cell_prior)
             log_ratio = w * self._mean((int(bucket), int(depth)), step) + (1.0 - w) * regime
         return math.exp(min(max(log_ratio, self.lo), self.hi))
+
+    def samples(self, bucket: int, depth: int) -> int:
+        """Periods seen in a (bucket, depth) cell."""
+        cell = self._cells.get((int(bucket), int(depth)))
+        return 0 if cell is None else cell[1]
 
     def _shrunk(self, key, step: int) -> float:
         """The regime's mean, weighed against no correction by its sample count."""

@@ -69,8 +69,10 @@ class LightSpecOptions:
     level_variance: float = 0.5
     level_rho: float = 0.95
     # Price steps by how far the loop's measured step times sit from the model's, per bucket
-    # and depth and per regime (drafting or the floor; calibration.py).
+    # and depth and per regime (drafting or the floor; calibration.py), and now and then
+    # visit a rival depth priced within rival_window of the best so that it gets measured.
     calibrate: bool = True
+    rival_window: float = 0.1
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -113,6 +115,8 @@ class LightSpecPlanner(BasePlanner):
         # (shape key, plan() call, (fill, step ms, tokens, depth)) of the last decision
         self._decided: tuple | None = None
         self._scale_cache: tuple | None = None  # (key, [D, C] calibration factors)
+        self._last_rival_step = 0
+        self._by_depth: tuple = ((), (), [])  # stage 2's prices by depth (for _rival)
 
     # ---- planning --------------------------------------------------------------------------
 
@@ -143,13 +147,18 @@ class LightSpecPlanner(BasePlanner):
         depth, best_j = self._next_depth(costs, n)
         if self._probe_depth == 0:
             self._probe_depth = self._maybe_probe(costs, n, depth, best_j)
+        rival = None
         if self._probe_depth > 0:
             depth = self._probe_depth
+        else:
+            rival = self._rival(depth, best_j)
+            depth = depth if rival is None else rival
         if probing:
             self._spent_since_probe = 0.0
         elif math.isfinite(step_ms):
             self._spent_since_probe += step_ms
-        self._decided = None if (probing or self._probe_depth) else (
+        # A probe or a rival's visit is one step's decision, never reused.
+        self._decided = None if (probing or self._probe_depth or rival is not None) else (
             key, self.steps, (fill, step_ms, tokens, depth))
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
                           predicted_ms=step_ms, predicted_tokens=tokens)
@@ -237,8 +246,31 @@ class LightSpecPlanner(BasePlanner):
             # take it only when it is clearly cheaper than the best speculative choice.
             spec_depth = 1 + int(np.argmin(best_by_depth[1:]))
             if best_by_depth[0] >= (1.0 - self.options.floor_margin) * best_by_depth[spec_depth]:
-                return int(depths[spec_depth]), best_by_depth[spec_depth]
+                best_depth, best_j = int(depths[spec_depth]), best_by_depth[spec_depth]
+        # [D] each depth's best price and its bucket, for _rival
+        self._by_depth = (depths, buckets[cols][np.argmin(j, axis=1)], best_by_depth)
         return best_depth, best_j
+
+    def _rival(self, best_depth: int, best_j: float) -> int | None:
+        """A depth to visit instead of the best, so the whole-step calibration measures it:
+        the closest rival within `rival_window` of the best price whose (bucket, depth) cell
+        has fewer than 4 periods, at most once every `min_probe_interval` steps. A rival the
+        model prices close may really be the better one (the model adds host time that the
+        loop partly hides); this is how the calibration gets to compare them."""
+        window = self.options.rival_window
+        if (not self.options.calibrate or window <= 0.0 or not math.isfinite(best_j)
+                or self.options.explore_fraction <= 0.0  # exploration off: no visits either
+                or self.steps - self._last_rival_step < self.options.min_probe_interval):
+            return None
+        depths, buckets, j = self._by_depth
+        close = [(value, int(d), int(b)) for d, b, value in zip(depths.tolist(), buckets.tolist(),
+                                                                 j)
+                 if d != best_depth and value <= best_j * (1.0 + window)
+                 and self.calibration.samples(b, d) < 4]
+        if not close:
+            return None
+        self._last_rival_step = self.steps
+        return min(close)[1]
 
     def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
         """Depth of a probe to start now, or 0 if none is due or affordable."""

@@ -46,7 +46,8 @@ def test_bad_samples_are_ignored():
     assert cal.scale(8, 1, 1) == 1.0 and cal.scale(8, 0, 1) == 1.0 and cal.version == 0
 
 
-def _serve(drafting_ratio, *, calibrate: bool = True, rate: float = 0.8) -> list[int]:
+def _serve(drafting_ratio, *, calibrate: bool = True, rate: float = 0.8,
+           explore: float = 0.0, steps: int = 80) -> list[int]:
     """Drafting pays a little by the model (a row costs 1 ms, a draft is 80% accepted: about
     15% fewer ms per token than the floor); the loop reports periods: floor steps as
     predicted, steps after a draft `drafting_ratio` (a number, or a function of the depth)
@@ -56,11 +57,11 @@ def _serve(drafting_ratio, *, calibrate: bool = True, rate: float = 0.8) -> list
     p = make_planner("dynamic", s, target_costs=CostTable({b: 4.0 + 1.0 * b for b in buckets}),
                      draft_costs=CostTable({b: 0.05 for b in buckets}),
                      depth_costs=CostTable({1: 0.2, 2: 0.4, 3: 0.6}), overlap=False,
-                     explore_fraction=0.0, calibrate=calibrate, replan_every=1)
+                     explore_fraction=explore, calibrate=calibrate, replan_every=1)
     rng = np.random.default_rng(0)
     p.plan(num_requests=4)
     depths = []
-    for _ in range(80):
+    for _ in range(steps):
         plan = p.plan(num_requests=4)
         depths.append(plan.draft_depth)
         p.observe(_outcome(plan, rng, rate))
@@ -92,3 +93,14 @@ def test_deep_steps_that_run_over_their_price_give_way_to_shallow_ones():
     steps cost 30% over their prediction and shallower ones as predicted, it drafts less."""
     assert _serve(1.0, rate=0.95)[-1] == 3
     assert _serve(lambda d: 1.3 if d == 3 else 1.0, rate=0.95)[-1] in (1, 2)
+
+
+def test_a_close_rival_gets_visited_and_wins_when_it_measures_cheaper():
+    """The model prefers depth 3 with depth 2 close behind; the loop says depth-2 steps run at
+    70% of their price. Sitting at depth 3 alone would never show it: the planner visits the
+    rival now and then (with exploration on), measures it, and moves there."""
+    cheap2 = lambda d: 0.7 if d == 2 else 1.0  # noqa: E731
+    assert _serve(1.0, rate=0.95, explore=0.02, steps=200)[-1] == 3
+    assert _serve(cheap2, rate=0.95, explore=0.0, steps=200)[-1] == 3  # never visits
+    depths = _serve(cheap2, rate=0.95, explore=0.02, steps=200)
+    assert depths[-20:].count(2) >= 15
