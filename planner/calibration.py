@@ -16,8 +16,11 @@ That interval holds the previous step's drafting and this step's verify, which i
 plan's predicted_ms prices (the verify at its bucket, the draft at the depth it verifies).
 This keeps a bias-corrected EMA of log(period / predicted) per cell (bucket B, depth d) and
 per regime (drafting, d > 0, or the floor), and prices a step at exp(log ratio) times its
-modelled cost: the cell's ratio blended with its regime's, and the regime's with none (a
-ratio of 1), each by its sample count, so a few noisy periods move little. A bias common to every
+modelled cost: the cell's ratio blended with its regime's, and the regime's with the mean
+over every step, each by its sample count, so a few noisy periods move little and an
+unmeasured cell or regime takes the common bias (which moves no decision) rather than none:
+on this CPU every measured step ran under the model, and pricing the unmeasured floor at
+the model's own figure made it look dearer than the drafting it was never compared with. A bias common to every
 step moves no decision; what moves decisions is how the regimes, buckets and depths differ.
 Old evidence fades toward zero with a half-life in steps, so a cell the planner stopped
 visiting is trusted again after a while rather than avoided forever. A planner that sits in
@@ -56,7 +59,7 @@ class StepCalibration:
                 and predicted_ms > 0 and measured_ms > 0):
             return
         sample = math.log(measured_ms / predicted_ms)
-        for key in ((int(bucket), int(depth)), depth > 0):
+        for key in ((int(bucket), int(depth)), depth > 0, "all"):
             cell = self._cells.setdefault(key, [0.0, 0, step])
             cell[1] += 1
             alpha = max(1.0 / cell[1], 1.0 - self.decay)  # a mean until 1/(1 - decay) samples
@@ -81,11 +84,13 @@ class StepCalibration:
         return 0 if cell is None else cell[1]
 
     def _shrunk(self, key, step: int) -> float:
-        """The regime's mean, weighed against no correction by its sample count."""
+        """The regime's mean, weighed against the mean over every step by its sample count."""
+        common = self._mean("all", step)
         cell = self._cells.get(key)
         if cell is None:
-            return 0.0
-        return cell[1] / (cell[1] + self.cell_prior) * self._mean(key, step)
+            return common
+        w = cell[1] / (cell[1] + self.cell_prior)
+        return w * self._mean(key, step) + (1.0 - w) * common
 
     def _mean(self, key, step: int) -> float:
         cell = self._cells.get(key)

@@ -76,7 +76,7 @@ class LightSpecOptions:
     # and depth and per regime (drafting or the floor; calibration.py), and now and then
     # visit a rival depth priced within rival_window of the best so that it gets measured.
     calibrate: bool = True
-    rival_window: float = 0.1
+    rival_window: float = 0.2
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
