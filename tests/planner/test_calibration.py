@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, make_planner
-from lightspec_jax.planner.fill import fill_lengths
+from lightspec_jax.planner import CostTable, PlannerSpec, make_planner
 from lightspec_jax.planner.calibration import StepCalibration
+from test_host_costs import _outcome  # the step as the device runs it
 
 
 def _feed(cal, depth, ratio, n, start=0, bucket=8):
@@ -78,17 +78,6 @@ def test_drafting_that_runs_over_its_price_loses_to_the_floor():
     assert _serve(1.0, explore=0.02, steps=200)[-1] > 0  # as modelled: drafting pays
     assert _serve(1.4, explore=0.02, steps=400)[-20:].count(0) >= 15
     assert _serve(1.4, calibrate=False, explore=0.02, steps=200)[-1] > 0  # the model wins
-
-
-def _outcome(plan, rng, rate: float) -> StepObservation:
-    """The step as the device runs it: the fill spreads the plan's draft rows over the
-    requests (equal confidences), each draft accepted with `rate` until the first miss."""
-    n = plan.num_requests
-    verified = fill_lengths(np.full((n, max(plan.verified_depth, 1)), 0.5),
-                            np.full(n, plan.verified_depth), plan.fill_rows - n)  # [N]
-    survive = np.cumprod(rng.random((n, max(plan.verified_depth, 1))) < rate, axis=1).sum(axis=1)
-    return StepObservation(plan=plan, accept_lens=1 + np.minimum(survive, verified),
-                           verify_lens=1 + verified)
 
 
 def test_deep_steps_that_run_over_their_price_give_way_to_shallow_ones():
