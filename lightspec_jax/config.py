@@ -36,6 +36,23 @@ class SpeculativeConfig:
     method: str | None = None
     ngram_min: int = 1
     ngram_max: int = 3
+    # How a sampled request's drafts are verified. "exact": a draft is accepted when it equals
+    # the target's own seeded sample - output identical to plain decoding with the same seeds.
+    # "probabilistic": speculative rejection sampling against the drafter's distribution q
+    # (drafts are sampled at the request's temperature, top-k and top-p) - output follows the
+    # target's distribution exactly and more drafts are accepted, but it is not token for
+    # token what plain decoding emits with the same seed. Greedy requests use exact match in
+    # both. Every drafter supports it (an n-gram drafter's drafts are point masses, so it
+    # accepts as exact match does).
+    verification: str = "exact"
+    # Exact verification only: draw sampled requests' drafts with the target's own sampling
+    # noise for their position instead of taking the drafter's argmax. Output is unchanged
+    # (token for token plain decoding's); drafts match the target's sample more often when
+    # the drafter's distribution resembles the target's.
+    coupled_drafts: bool = False
+    # The drafter's distribution q is kept as its `proposal_support` most likely tokens (the
+    # drafter samples from exactly that truncated q): probabilistic or coupled drafting.
+    proposal_support: int = 32
 
     def __post_init__(self):
         try:
@@ -52,6 +69,17 @@ class SpeculativeConfig:
         if self.method not in DRAFT_METHODS:
             raise ValueError(f"unknown speculative method {self.method!r}; choose one of "
                              f"{[m for m in DRAFT_METHODS if m]} (or None: from the drafter)")
+        if self.verification not in ("exact", "probabilistic"):
+            raise ValueError(f"verification must be 'exact' or 'probabilistic', got "
+                             f"{self.verification!r}")
+        if self.coupled_drafts and self.verification != "exact":
+            raise ValueError("coupled_drafts couples drafts to the target's own sample, which "
+                             "only exact verification uses; probabilistic verification "
+                             "samples its drafts from q by itself")
+        if (not isinstance(self.proposal_support, int) or isinstance(self.proposal_support, bool)
+                or not 1 <= self.proposal_support <= 1024):
+            raise ValueError(f"proposal_support must be an int in [1, 1024], got "
+                             f"{self.proposal_support!r}")
         if not (isinstance(self.ngram_min, int) and isinstance(self.ngram_max, int)
                 and 1 <= self.ngram_min <= self.ngram_max):
             raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got "

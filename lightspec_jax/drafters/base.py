@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..sampling import Draw, ProposalSampling
+
 
 class DraftRows(NamedTuple):
     token: jax.Array  # [T] int32: x_p, the row's input token
@@ -41,6 +43,11 @@ class Proposal(NamedTuple):
     # [N] int32 drafts each slot really has (a lookup drafter may find fewer than the depth);
     # None: the whole depth
     length: jax.Array | None = None
+    # The distribution each draft was drawn from, in support form (sampling.Draw; what
+    # probabilistic verification tests against): [N, K, M] target ids (-1 unused) and
+    # probabilities. None: each draft is deterministic given what the drafter has seen.
+    q_ids: jax.Array | None = None
+    q_probs: jax.Array | None = None
 
 
 class Drafter(abc.ABC):
@@ -75,46 +82,53 @@ class Drafter(abc.ABC):
 
     @abc.abstractmethod
     def draft(self, param_leaves, cache, *, last_token: jax.Array, seq_len: jax.Array,
-              drafting: jax.Array, depth: int, max_depth: int,
-              target_embed: jax.Array) -> tuple[Any, Proposal]:
+              drafting: jax.Array, depth: int, max_depth: int, target_embed: jax.Array,
+              sampling: ProposalSampling | None = None) -> tuple[Any, Proposal]:
         """Drafts `depth` (static, 1..max_depth) tokens for each slot with `drafting` [N],
         after its bonus token last_token [N] at position seq_len [N] (the committed length);
-        returns (cache, proposal [N, max_depth], zero past depth; see `chain`)."""
+        returns (cache, proposal [N, max_depth], zero past depth; see `chain`).
+
+        sampling: None drafts the argmax; else each draft of a sampled request is drawn with
+        sampling.draw_proposal (coupled to the target's own noise for exact match, or from q
+        for probabilistic verification) and its distribution returned. A drafter that returns
+        no distribution must draft deterministically given its inputs: its drafts are then
+        point masses."""
 
 
-def top1(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Greedy draft token and its softmax probability from logits [R, V]."""
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return token, jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
+def support(sampling: ProposalSampling | None) -> int:
+    """M, the proposal distribution's entries per draft (0 without sampling)."""
+    return 0 if sampling is None else sampling.support
 
 
-def chain(step, carry, token: jax.Array, *, depth: int, max_depth: int,
-          first: tuple[jax.Array, jax.Array] | None = None) -> tuple[Any, Proposal]:
+def chain(step, carry, token: jax.Array, *, depth: int, max_depth: int, support: int = 0,
+          first: Draw | None = None) -> tuple[Any, Proposal]:
     """Runs a recurrent drafter for a static `depth` (1 <= depth <= max_depth): a loop whose
     trip count the compiler knows, so the device runs it without asking the host.
 
-    step(carry, token [N], k) -> (carry, next [N], conf [N]) drafts token k from the one
-    before it. With `first` = (tokens [N], conf [N]) draft 0 is already known and the loop
-    starts at k = 1 from it; otherwise at k = 0 from `token`. Returns the final carry and the
-    proposal [N, max_depth], zero past `depth`.
+    step(carry, token [N], k) -> (carry, Draw of [N]) drafts token k from the one before it
+    (target ids). With `first` (a Draw) draft 0 is already known and the loop starts at k = 1
+    from it; otherwise at k = 0 from `token`. Returns the final carry and the proposal
+    [N, max_depth] (distributions [N, max_depth, support]), zero past `depth`.
     """
     if not 1 <= depth <= max_depth:
         raise ValueError(f"depth must be in [1, {max_depth}], got {depth}")
     n = token.shape[0]
-    tokens = jnp.zeros((n, max_depth), jnp.int32)  # [N, K]
-    conf = jnp.zeros((n, max_depth), jnp.float32)  # [N, K]
+    out = Draw(token=jnp.zeros((n, max_depth), jnp.int32),  # [N, K]
+               conf=jnp.zeros((n, max_depth), jnp.float32),  # [N, K]
+               q_ids=jnp.full((n, max_depth, support), -1, jnp.int32),  # [N, K, M]
+               q_probs=jnp.zeros((n, max_depth, support), jnp.float32))
+
+    def put(out: Draw, k, d: Draw) -> Draw:
+        return Draw(*(o.at[:, k].set(x.astype(o.dtype)) for o, x in zip(out, d)))
+
     start = 0
     if first is not None:
-        token = first[0]
-        tokens, conf = tokens.at[:, 0].set(first[0]), conf.at[:, 0].set(first[1])
-        start = 1
+        token, out, start = first.token, put(out, 0, first), 1
 
     def body(k, state):
-        carry, token, tokens, conf = state
-        carry, nxt, c = step(carry, token, k)
-        return (carry, nxt, tokens.at[:, k].set(nxt),
-                conf.at[:, k].set(c.astype(jnp.float32)))
+        carry, token, out = state
+        carry, d = step(carry, token, k)
+        return carry, d.token, put(out, k, d)
 
-    carry, _, tokens, conf = jax.lax.fori_loop(start, depth, body, (carry, token, tokens, conf))
-    return carry, Proposal(tokens, conf)
+    carry, _, out = jax.lax.fori_loop(start, depth, body, (carry, token, out))
+    return carry, Proposal(out.token, out.conf, q_ids=out.q_ids, q_probs=out.q_probs)

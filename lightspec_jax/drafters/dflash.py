@@ -30,7 +30,8 @@ from flax import nnx
 
 from lightspec_jax.models import DFlash, KVCache, Qwen3
 
-from .base import Drafter, DraftRows, Proposal, top1
+from ..sampling import draw_proposal
+from .base import Drafter, DraftRows, Proposal
 
 # The GPU attention kernel reads KV in blocks of 16 positions: cache lengths stay multiples.
 _CACHE_GRANULE = 16
@@ -81,7 +82,7 @@ class DFlashDrafter(Drafter):
                                                              rows.slot, cache)
 
     def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
-              target_embed):
+              target_embed, sampling=None):
         limit = min(max_depth, self.block_size - 1)
         if not 1 <= depth <= limit:
             raise ValueError(f"depth must be in [1, {limit}] (max depth {max_depth}, block size "
@@ -102,7 +103,18 @@ class DFlashDrafter(Drafter):
         else:
             logits = jnp.einsum("rh,hv->rv", rows, wrapped.head[...].astype(rows.dtype),
                                 preferred_element_type=jnp.float32)
-        token, conf = top1(logits)  # [N*d]
-        pad = ((0, 0), (0, max_depth - depth))
-        return out.cache, Proposal(jnp.pad(token.reshape(n, depth), pad),
-                                   jnp.pad(conf.reshape(n, depth), pad))
+        # Block row i drafts position seq_len + i; each row is drawn on its own (the block
+        # predicts every position from the context alone, so q of row i is its distribution).
+        position = (seq_len[:, None] + jnp.arange(1, depth + 1)[None, :]).reshape(-1)
+        per_row = None if sampling is None else sampling._replace(**{
+            f: jnp.repeat(getattr(sampling, f), depth)
+            for f in ("temperature", "top_k", "top_p", "seed", "round")})
+        draw = draw_proposal(logits, position, per_row)  # [N*d] rows
+
+        def shaped(x, fill=0):  # [N*d, ...] -> [N, max_depth, ...], `fill` past depth
+            x = x.reshape((n, depth) + x.shape[1:])
+            pad = [(0, 0), (0, max_depth - depth)] + [(0, 0)] * (x.ndim - 2)
+            return jnp.pad(x, pad, constant_values=fill)
+
+        return out.cache, Proposal(shaped(draw.token), shaped(draw.conf),
+                                   q_ids=shaped(draw.q_ids, -1), q_probs=shaped(draw.q_probs))

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 
 from lightspec_jax.models import KVCache, Qwen3
 
-from .base import Drafter, DraftRows, chain, top1
+from ..sampling import Draw, draw_proposal, point_mass
+from .base import Drafter, DraftRows, chain, support
 
 
 class DraftLMDrafter(Drafter):
@@ -59,7 +60,7 @@ class DraftLMDrafter(Drafter):
                                          logits_rows=jnp.zeros((1,), jnp.int32)).cache
 
     def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
-              target_embed):
+              target_embed, sampling=None):
         model = self.module(param_leaves)
         num_slots = last_token.shape[0]
         slots = jnp.where(drafting, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
@@ -68,29 +69,44 @@ class DraftLMDrafter(Drafter):
             # Feed the token at seq_len + k (k = 0 is the bonus), predict the one after.
             position = seq_len + k
             out = model(token, position, slots, cache)
-            draft, conf = self._draw(out.logits, position + 1, slots)
-            return out.cache, self._corrupt(draft, position + 1, slots), conf
+            draft = self._draw(out.logits, position + 1, slots, sampling)
+            return out.cache, self._corrupt(draft, position + 1, slots)
 
         # Drafted tokens' cache entries lie at or past seq_len: the next commit overwrites
         # them with the verified tokens.
-        return chain(step, cache, last_token, depth=depth, max_depth=max_depth)
+        return chain(step, cache, last_token, depth=depth, max_depth=max_depth,
+                     support=support(sampling))
 
     def _keys(self, slots, position, stream: int):
         base = jax.random.fold_in(jax.random.key(self.seed), stream)
         return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(base, s), p))(
             slots, position)
 
-    def _draw(self, logits, position, slots):
+    def _draw(self, logits, position, slots, sampling) -> Draw:
+        """The request's draw (sampling.draw_proposal); rows it drafts deterministically (all
+        rows without `sampling`, greedy requests' rows with it) sample at the drafter's own
+        temperature with its own keys when that is set: randomness independent of the
+        target's, so each such draft is a point mass given those keys."""
+        draw = draw_proposal(logits, position, sampling)
         if self.temperature == 0.0:
-            return top1(logits)
+            return draw
         scaled = logits / self.temperature
         token = jax.vmap(jax.random.categorical)(self._keys(slots, position, 1), scaled)
         probs = jax.nn.softmax(scaled, axis=-1)
-        return token.astype(jnp.int32), jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
+        conf = jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
+        own = Draw(token.astype(jnp.int32), conf, *point_mass(token, draw.q_ids.shape[-1]))
+        if sampling is None:
+            return own
+        deterministic = sampling.temperature <= 0.0
+        return Draw(*(jnp.where(deterministic.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+                      for a, b in zip(own, draw)))
 
-    def _corrupt(self, tokens, position, slots):
+    def _corrupt(self, draw: Draw, position, slots) -> Draw:
+        """Replaces a draft, with probability corrupt_rate (or from corrupt_from on), by the
+        token a random shift away - and its distribution's support by the same shift, so the
+        draft is still a draw from the distribution returned with it."""
         if self.corrupt_rate == 0.0 and self.corrupt_from is None:
-            return tokens
+            return draw
         vocab = self.config.vocab_size
         keys = self._keys(slots, position, 0)
         u, shift = jax.vmap(lambda k: (jax.random.uniform(k),
@@ -98,4 +114,7 @@ class DraftLMDrafter(Drafter):
         corrupt = u < self.corrupt_rate
         if self.corrupt_from is not None:  # a drafter that goes bad late in every sequence
             corrupt |= position >= self.corrupt_from
-        return jnp.where(corrupt, (tokens + shift) % vocab, tokens).astype(jnp.int32)
+        token = jnp.where(corrupt, (draw.token + shift) % vocab, draw.token).astype(jnp.int32)
+        moved = corrupt[:, None] & (draw.q_ids >= 0)
+        q_ids = jnp.where(moved, (draw.q_ids + shift[:, None]) % vocab, draw.q_ids)
+        return draw._replace(token=token, q_ids=q_ids.astype(jnp.int32))

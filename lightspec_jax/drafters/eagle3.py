@@ -20,7 +20,8 @@ import jax
 
 from lightspec_jax.models import Eagle3, KVCache
 
-from .base import Drafter, DraftRows, chain, top1
+from ..sampling import draw_proposal
+from .base import Drafter, DraftRows, chain, support
 
 
 class Eagle3Cache(NamedTuple):
@@ -62,25 +63,26 @@ class Eagle3Drafter(Drafter):
         return Eagle3Cache(kv, rows.hidden[tail_row].astype(cache.tail_features.dtype))
 
     def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
-              target_embed):
+              target_embed, sampling=None):
         model = self.module(param_leaves)
         embed = self._embed(target_embed)
         num_slots = last_token.shape[0]
         slots = jnp.where(drafting, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
-        # Draft k sits at position seq_len + k; its row is one earlier (EAGLE's offset). Row 0
+        # Draft k is the token at position seq_len + 1 + k, predicted by the row at
+        # seq_len - 1 + k (EAGLE's offset: row p reads x_{p+1}, predicts x_{p+2}). Row 0
         # is the tail row again, now through the whole layer: (h_tail, bonus) -> draft 0.
         out = model(last_token, cache.tail_features, seq_len - 1, slots, cache.kv, embed=embed,
                     from_features=True)
-        first = top1(out.logits)
+        first = draw_proposal(out.logits, seq_len + 1, sampling, model.draft_to_target)
 
         def step(carry, token, k):
             kv, state = carry
             out = model(token, state, seq_len - 1 + k, slots, kv, embed=embed,
                         from_features=False)
-            nxt, c = top1(out.logits)
-            return (out.cache, out.state), model.draft_to_target(nxt), c
+            draw = draw_proposal(out.logits, seq_len + 1 + k, sampling,  # draft k's position
+                                 model.draft_to_target)
+            return (out.cache, out.state), draw
 
         (kv, _), proposal = chain(step, (out.cache, out.state), last_token, depth=depth,
-                                  max_depth=max_depth,
-                                  first=(model.draft_to_target(first[0]), first[1]))
+                                  max_depth=max_depth, support=support(sampling), first=first)
         return cache._replace(kv=kv), proposal

@@ -93,7 +93,9 @@ class NgramDrafter(Drafter):
         return cache._replace(tokens=_write(cache.tokens, rows))
 
     def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
-              target_embed):
+              target_embed, sampling=None):
+        # Lookup is deterministic given the history: its drafts are point masses (`sampling`
+        # changes nothing; the step fills their distributions in).
         cfg = self.config
         n, s = cache.tokens.shape
         rows = jnp.arange(n)

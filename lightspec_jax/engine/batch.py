@@ -38,12 +38,16 @@ class SlotState(NamedTuple):
     seed: jax.Array  # [N] u32
     stop_ids: jax.Array  # [N, S] i32, -1 padded
     draft_tokens: jax.Array  # [N, K] i32: the current proposal (first proposal_len valid)
-    draft_conf: jax.Array  # [N, K] f32: the drafter's probability of each drafted token
+    draft_conf: jax.Array  # [N, K] f32: the fill's rank of each draft (sampling.Draw.conf)
     proposal_len: jax.Array  # [N] i32
     drafting: jax.Array  # [N] bool: slots the draft step after this verify proposes for
+    # The distribution each draft was drawn from (probabilistic verification; M = 0 with
+    # exact match): [N, K, M] target ids (-1 unused) and their probabilities.
+    draft_q_ids: jax.Array
+    draft_q_probs: jax.Array
 
     @classmethod
-    def empty(cls, num_slots: int, max_depth: int) -> "SlotState":
+    def empty(cls, num_slots: int, max_depth: int, support: int = 0) -> "SlotState":
         n, k = num_slots, max(max_depth, 1)
         zeros = lambda dtype, *shape: jnp.zeros((n, *shape), dtype)  # noqa: E731
         return cls(seq_len=zeros(jnp.int32), last_token=zeros(jnp.int32),
@@ -52,7 +56,9 @@ class SlotState(NamedTuple):
                    top_p=jnp.ones((n,), jnp.float32), seed=zeros(jnp.uint32),
                    stop_ids=jnp.full((n, MAX_STOP_IDS), -1, jnp.int32),
                    draft_tokens=zeros(jnp.int32, k), draft_conf=zeros(jnp.float32, k),
-                   proposal_len=zeros(jnp.int32), drafting=zeros(jnp.bool_))
+                   proposal_len=zeros(jnp.int32), drafting=zeros(jnp.bool_),
+                   draft_q_ids=jnp.full((n, k, support), -1, jnp.int32),
+                   draft_q_probs=zeros(jnp.float32, k, support))
 
 
 class SlotRows(NamedTuple):

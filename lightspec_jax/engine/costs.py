@@ -99,7 +99,8 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
                                                   repr(getattr(drafter, "config", None))],
         "dtype": dtype, "slots": runner.num_slots, "cache_len": runner.cache_len,
         "decode_buckets": runner.decode_registry.sizes, "depths": depths, "policy": policy,
-        "verifier": runner.verifier.name, "device": jax.devices()[0].device_kind,
+        "verifier": [runner.verifier.name, type(runner.verifier).__name__,
+                     runner.verifier.support, runner.verifier.coupled_support], "device": jax.devices()[0].device_kind,
         "backend": jax.default_backend(), "jax": jax.__version__, "lightspec_jax": version,
         "sweep": SWEEP_VERSION,
     }
@@ -109,11 +110,11 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
 def _synthetic_state(runner: ModelRunner, context: int, active: int) -> SlotState:
     n, k = runner.num_slots, runner.max_depth
     slots = jnp.arange(n) < active
-    return SlotState.empty(n, k)._replace(
+    return runner.place_state(runner.empty_state()._replace(
         seq_len=jnp.full((n,), context, jnp.int32), active=slots,
         remaining=jnp.full((n,), 1 << 20, jnp.int32),
         draft_conf=jnp.full((n, k), 0.5, jnp.float32),
-        proposal_len=jnp.full((n,), k, jnp.int32))
+        proposal_len=jnp.full((n,), k, jnp.int32)))
 
 
 def _time_decode(runner: ModelRunner, rows: int, depths: tuple[int, ...], *, context: int,
@@ -137,7 +138,8 @@ def _time_decode(runner: ModelRunner, rows: int, depths: tuple[int, ...], *, con
             count = 1 if repeat == 0 else steps  # the first repeat warms up
             start = time.perf_counter()
             for _ in range(count):
-                runner.state = _rearm(runner.state)
+                # (placed again: jit leaves a zero-size field replicated on a mesh)
+                runner.state = runner.place_state(_rearm(runner.state))
                 readback, _ = runner.decode(rows, depth, extra)
             # The draft step ends after the read-back is ready: wait for the state it writes.
             jax.block_until_ready((readback, runner.state, runner.dcache))
@@ -174,7 +176,7 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
         ms[rows, pair[-1]] = timed[-1]
         if len(pair) == 2:
             added[pair[1]] = timed[1] - timed[0]  # what the draft step of depth d adds
-    runner.state = SlotState.empty(n, runner.max_depth)
+    runner.state = runner.place_state(runner.empty_state())
     # Drafting deeper never costs less, nor does drafting cost less than nothing: a depth
     # priced below a shallower one (each price is a difference of two timings) is timing
     # noise, which a non-decreasing least-squares fit removes - left in, it would make the

@@ -35,7 +35,7 @@ from .costs import CostStore, device_interval_ms
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sharding import MeshLayout, engine_mesh
-from .verifier import ExactMatch, SyntheticAcceptance
+from .verifier import ExactMatch, RejectionSampling, SyntheticAcceptance
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,8 @@ class Engine:
         """model: a Qwen3 target; drafter: an Eagle3, DFlash, draft-LM or n-gram drafter
         (speculative policies; with SpeculativeConfig(method="ngram") the engine makes its own;
         a DFlash drafter drafts at most block_size - 1 tokens, always its whole block); verifier:
-        how drafts are accepted (default exact match, lossless; the benchmarks inject
+        how drafts are accepted (default from `config.speculative.verification`: exact match,
+        lossless token for token, or rejection sampling; the benchmarks inject
         `SyntheticAcceptance`, also chosen by `config.synthetic_acceptance`)."""
         self.config = config
         self.model = model
@@ -127,10 +128,16 @@ class Engine:
         self.drafter = drafter
         n = config.max_num_seqs
         k = spec.num_speculative_tokens if speculative else 0
+        probabilistic = speculative and spec.verification == "probabilistic"
+        if probabilistic and config.synthetic_acceptance:
+            raise ValueError("synthetic_acceptance draws verification outcomes, so it cannot "
+                             "be combined with verification='probabilistic'")
         if verifier is None:
             verifier = (SyntheticAcceptance(config.synthetic_acceptance, num_slots=n,
                                             max_depth=k, seed=config.seed)
-                        if speculative and config.synthetic_acceptance else ExactMatch())
+                        if speculative and config.synthetic_acceptance else
+                        RejectionSampling(spec.proposal_support) if probabilistic else
+                        ExactMatch(spec.proposal_support if spec.coupled_drafts else 0))
         self.verifier = verifier
         if speculative:
             decode_buckets = config.verify_buckets or verify_buckets(n * (k + 1))

@@ -60,7 +60,7 @@ class ModelRunner:
         new_cache = lambda: target.new_cache(num_slots=n, max_len=cache_len)  # noqa: E731
         new_dcache = lambda: (drafter.new_cache(num_slots=n, cache_len=cache_len)  # noqa: E731
                               if drafter else None)
-        new_state = lambda: SlotState.empty(n, k)  # noqa: E731
+        new_state = self.empty_state
         out_shardings = {}
         if layout is None:
             self.cache, self.dcache, self.state = new_cache(), new_dcache(), new_state()
@@ -108,7 +108,8 @@ class ModelRunner:
 
         def draft_fn(depth):
             def fn(embed, d_leaves, dcache, state):
-                return step.draft(embed, drafter, d_leaves, dcache, state, depth=depth)
+                return step.draft(embed, drafter, verifier, d_leaves, dcache, state,
+                                  depth=depth)
             return fn
 
         self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
@@ -148,6 +149,16 @@ class ModelRunner:
         for registry, key in tqdm(work, desc="compiling device steps",
                                   disable=not show_progress, leave=False):
             registry.build(key)
+
+    def empty_state(self) -> SlotState:
+        """A slot state with no request (what the steps compile against), unplaced."""
+        return SlotState.empty(self.num_slots, self.max_depth, self.verifier.support)
+
+    def place_state(self, state: SlotState) -> SlotState:
+        """`state` on the devices the compiled steps expect (split over the mesh's slots)."""
+        if self.layout is None:
+            return state
+        return jax.device_put(state, self.layout.slot_shardings(state, self.num_slots))
 
     @property
     def compile_seconds(self) -> float:

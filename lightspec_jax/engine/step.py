@@ -32,7 +32,7 @@ from lightspec_jax.models import KVCache, Qwen3
 from lightspec_jax.pallas_kernels import commit, fill
 
 from ..drafters import Drafter, DraftRows
-from ..sampling import SampleMode, sample
+from ..sampling import SampleMode, point_mass, sample
 from .batch import PrefillInputs, SlotState, pack_readback
 
 
@@ -103,9 +103,9 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
 
     aux = drafter.aux_layers if drafter is not None else ()
     out = target(row_token, row_pos, layout.row_slot, cache, aux_layers=aux)
-    # The token sampled at a row is for position row_pos + 1: the key plain decoding uses
-    # there, so the committed tokens are exactly the target's own.
-    target_tokens = sample(out.logits, *_slot_sampling(state, slot), row_pos + 1, mode)  # [B]
+    # Each row's token: the target's own (exact match), or the outcome of its draft's
+    # rejection test (probabilistic verification); committed only up to the first miss.
+    target_tokens = verifier.row_tokens(out.logits, state, layout, slot, row_pos, mode)  # [B]
     accepted, out_tokens, num_new = verifier.verify(target_tokens, layout, state.draft_tokens,
                                                     extra)
     done = commit(out_tokens, num_new, accepted, layout, state.seq_len, active, state.stop_ids,
@@ -129,21 +129,30 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
     return out.cache, dcache, state, readback, verified_conf
 
 
-def draft(target_embed: jax.Array, drafter: Drafter, d_leaves, dcache, state: SlotState, *,
-          depth: int):
+def draft(target_embed: jax.Array, drafter: Drafter, verifier, d_leaves, dcache,
+          state: SlotState, *, depth: int):
     """`depth` (static) draft tokens for each slot the last verify left drafting (the
-    target's embedding [V, H] is all of the target it reads).
+    target's embedding [V, H] is all of the target it reads). The verifier says how sampled
+    requests' drafts are drawn (argmax, coupled to the target's noise, or from q for
+    rejection sampling, whose q the state then keeps: M > 0 entries per draft).
 
     Returns (dcache, state) with those slots' proposals.
     """
-    k = state.draft_tokens.shape[1]
+    k, m = state.draft_q_ids.shape[1:]
     dcache, proposal = drafter.draft(d_leaves, dcache, last_token=state.last_token,
                                      seq_len=state.seq_len, drafting=state.drafting,
-                                     depth=depth, max_depth=k, target_embed=target_embed)
+                                     depth=depth, max_depth=k, target_embed=target_embed,
+                                     sampling=verifier.proposal_sampling(
+                                         state, target_embed.shape[0]))
+    q_ids, q_probs = proposal.q_ids, proposal.q_probs
+    if q_ids is None or q_ids.shape[-1] != m:  # deterministic drafts: point masses
+        q_ids, q_probs = point_mass(proposal.tokens, m)
     keep = state.drafting[:, None]
     length = depth if proposal.length is None else proposal.length
     return dcache, state._replace(
         draft_tokens=jnp.where(keep, proposal.tokens, state.draft_tokens),
         draft_conf=jnp.where(keep, proposal.confidence, state.draft_conf),
+        draft_q_ids=jnp.where(keep[..., None], q_ids, state.draft_q_ids),
+        draft_q_probs=jnp.where(keep[..., None], q_probs, state.draft_q_probs),
         proposal_len=jnp.where(state.drafting, length, state.proposal_len).astype(jnp.int32),
         drafting=jnp.zeros_like(state.drafting))

@@ -1,8 +1,13 @@
-"""How a decode step turns the target's tokens into accepted spans: an object the runner is
+"""How a decode step turns the target's logits into accepted spans: an object the runner is
 built with, so the core has no benchmark branch.
 
-`ExactMatch` (the default) is lossless: a draft is accepted when it equals the target's own
-token (argmax, or the seeded sample at its position). `SyntheticAcceptance` is for benchmarks
+`ExactMatch` (the default) is lossless token for token: a draft is accepted when it equals
+the target's own token (argmax, or the seeded sample at its position), so the output is what
+plain decoding emits with the same seeds. `RejectionSampling` (probabilistic verification)
+accepts a sampled request's draft x with probability min(1, p(x) / q(x)) and otherwise draws
+from norm(max(0, p - q)): the output follows the target's distribution exactly, and a drafter
+whose q resembles p gets more accepted than the one token the seeded sample allows.
+`SyntheticAcceptance` is for benchmarks
 of untrained or random-weight models: it draws each slot's accepted length and the fill's
 confidences from a workload profile, so every device cost is real while the emitted tokens are
 not the target's; every result that used it says so.
@@ -13,15 +18,28 @@ Axis legend: N slots, K max draft depth, B verify rows.
 from __future__ import annotations
 
 import numpy as np
+import jax
 import jax.numpy as jnp
 
 from lightspec_jax.pallas_kernels import verify
+
+from ..sampling import (ACCEPT_STREAM, RESIDUAL_STREAM, ProposalSampling, SampleMode, draw,
+                        row_keys, sample, target_logits)
 
 
 class ExactMatch:
     """Lossless exact-match verification (the production verifier)."""
 
     name = None  # nothing to label in results
+    support = 0  # M: entries of each draft's distribution the slot state keeps (none)
+    coupled_support = 0  # > 0: sampled requests' drafts are coupled draws (see __init__)
+
+    def __init__(self, coupled_support: int = 0):
+        """coupled_support > 0: sampled requests' drafts are drawn from the drafter's top
+        coupled_support tokens with the target's own noise for their position
+        (sampling.draw_proposal, coupled), so they hit the target's seeded sample more often
+        than the argmax does; 0: drafts are the drafter's argmax."""
+        self.coupled_support = coupled_support
 
     def empty_inputs(self, num_slots: int, max_depth: int):
         return ()
@@ -36,9 +54,109 @@ class ExactMatch:
     def fill_confidence(self, state, extra):
         return state.draft_conf  # [N, K]
 
+    def proposal_sampling(self, state, vocab: int) -> ProposalSampling | None:
+        """How the next drafts are drawn (None: the drafter's argmax)."""
+        if not self.coupled_support:
+            return None
+        return ProposalSampling(state.temperature, state.top_k, state.top_p, state.seed,
+                                round=state.seq_len, support=self.coupled_support, vocab=vocab,
+                                coupled=True)
+
+    def row_tokens(self, logits, state, layout, slot, row_pos, mode: SampleMode):
+        """The token each verify row commits if the drafts before it are accepted -> [B]:
+        here the target's own (argmax, or the sample keyed by seed and position row_pos + 1,
+        the key plain decoding uses there). logits [B, V]; slot, row_pos [B]."""
+        return sample(logits, state.temperature[slot], state.top_k[slot], state.top_p[slot],
+                      state.seed[slot], row_pos + 1, mode)
+
     def verify(self, target_tokens, layout, draft_tokens, extra):
         """-> accepted [N], out_tokens [N, K+1], num_new [N] (pallas_kernels.verify)."""
         return verify(target_tokens, layout, draft_tokens)
+
+
+class RejectionSampling(ExactMatch):
+    """Probabilistic verification (speculative rejection sampling) for sampled requests;
+    greedy requests in the same batch keep exact match.
+
+    Leviathan et al. 2023 (arXiv:2211.17192) and Chen et al. 2023 (arXiv:2302.01318): for a
+    draft x drawn from q, accept with probability min(1, p(x)/q(x)), else draw from
+    norm(max(0, p - q)); the token that results follows p whatever q is. p is the target's
+    distribution after the request's temperature, top-k and top-p; q is what the drafter drew
+    from (sampling.draw_proposal, kept in the slot state as M ids and probabilities). A row
+    that tests no draft (the bonus row after the verified ones) keeps the target's own seeded
+    sample, so a step that verifies nothing is plain decoding token for token.
+
+    The per-row outcome is folded into the row's token - the accepted draft, or a residual
+    draw that can never equal it (the residual is 0 at a rejected x) - so exact-match verify
+    then yields exactly the accepted prefix and the bonus. All draws are keyed by (request
+    seed, position, round): runs are reproducible, and a request's outcome does not depend on
+    its batch, only on its own proposals and how many of them are verified.
+
+    Why the budget must not anticipate (DSpark, Appendix A; reference/lightspec-algorithm.md,
+    its appendix): if the rows were chosen after looking at the target's probabilities of the
+    same step, or at q(x) of a drawn token, a tested draft would no longer be a draw from its q
+    (it was tested because it came out well) and the output would tilt toward the drafter.
+    Here B comes from statistics of finished steps, and the fill ranks drafts by survival
+    products of confidences that are max q, known before each draw. The fill takes the top
+    rows in one total order (score, then slot and offset: pallas_kernels/fill.py), and a
+    slot's deeper drafts never outrank its shallower ones, so whether draft j is tested
+    depends on its slot's drafts before j and on other slots - never on x_j or anything after
+    it. Each tested draft is then a fresh draw from its q, and the rule above stays exact.
+    """
+
+    def __init__(self, support: int = 32):
+        if not isinstance(support, int) or support < 1:
+            raise ValueError(f"the proposal support must be an int >= 1, got {support!r}")
+        self.support = support
+
+    def proposal_sampling(self, state, vocab: int) -> ProposalSampling:
+        """Sampled requests' drafts drawn from q with their own keys; q kept in the state."""
+        return ProposalSampling(state.temperature, state.top_k, state.top_p, state.seed,
+                                round=state.seq_len, support=self.support, vocab=vocab)
+
+    def row_tokens(self, logits, state, layout, slot, row_pos, mode: SampleMode):
+        temperature = state.temperature[slot]  # [B]
+        if mode == SampleMode.GREEDY:  # every request greedy: exact match
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        scaled = target_logits(logits, temperature, state.top_k[slot], state.top_p[slot], mode)
+        seed, position = state.seed[slot], row_pos + 1
+        own = draw(logits, scaled, temperature, seed, position)  # [B]
+        k = state.draft_tokens.shape[1]
+        offset = row_pos - state.seq_len[slot]  # [B] the row's offset in its slot's span
+        column = jnp.clip(offset, 0, k - 1)
+        tests = (layout.slot_valid[slot] & (offset < layout.lengths[slot])
+                 & (temperature > 0.0))  # [B] rows whose token decides a sampled draft
+        x = state.draft_tokens[slot, column]  # [B]
+        round_ = state.seq_len[slot]
+        outcome = rejection_outcome(
+            jax.nn.softmax(scaled, axis=-1), x, state.draft_q_ids[slot, column],
+            state.draft_q_probs[slot, column],
+            row_keys(seed, position, round_, stream=ACCEPT_STREAM),
+            row_keys(seed, position, round_, stream=RESIDUAL_STREAM), fallback=own)
+        return jnp.where(tests, outcome, own)
+
+
+def rejection_outcome(p, x, q_ids, q_probs, accept_keys, residual_keys, *, fallback):
+    """One speculative rejection test per row -> [R] int32: the draft x if accepted, else a
+    draw from norm(max(0, p - q)), which is never x.
+
+    p [R, V] the target's probabilities; x [R] drafts drawn from q, given in support form
+    q_ids / q_probs [R, M] (ids -1 unused); accept_keys, residual_keys [R] PRNG keys;
+    fallback [R]: the token where p == q leaves no residual (then x is always accepted, so it
+    only stands in for rounding).
+    """
+    p_x = jnp.take_along_axis(p, x[:, None], axis=-1)[:, 0]
+    q_x = jnp.sum(jnp.where(q_ids == x[:, None], q_probs, 0.0), axis=-1)
+    u = jax.vmap(jax.random.uniform)(accept_keys)
+    accept = u * q_x < p_x  # P = min(1, p(x) / q(x))
+    vocab = p.shape[-1]
+    rows = jnp.arange(p.shape[0])[:, None]
+    q = jnp.zeros_like(p).at[rows, jnp.where(q_ids < 0, vocab, q_ids)].add(
+        q_probs, mode="drop")  # [R, V] dense q
+    residual = jnp.maximum(p - q, 0.0)
+    redrawn = jax.vmap(jax.random.categorical)(residual_keys, jnp.log(residual))
+    redrawn = jnp.where(residual.sum(axis=-1) > 0.0, redrawn, fallback)
+    return jnp.where(accept, x, redrawn).astype(jnp.int32)
 
 
 class SyntheticAcceptance(ExactMatch):

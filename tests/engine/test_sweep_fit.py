@@ -8,6 +8,13 @@ import numpy as np
 from lightspec_jax.engine import costs
 
 
+def _fake_runner(sizes, max_depth):
+    """What profile_costs reads of a runner, with the timing itself faked by the test."""
+    registry = SimpleNamespace(sizes=sizes, pick=lambda n: sizes[0])
+    return SimpleNamespace(decode_registry=registry, num_slots=4, max_depth=max_depth,
+                           cache_len=256, empty_state=lambda: None, place_state=lambda s: s)
+
+
 def test_depth_prices_never_fall_with_depth(monkeypatch):
     # Timed (depth 0, depth d) pairs at the home bucket: d = 2 and d = 4 came out cheap.
     added = {1: 0.68, 2: 0.52, 3: 0.96, 4: 0.46, 5: 1.20, 6: -0.1}
@@ -16,8 +23,7 @@ def test_depth_prices_never_fall_with_depth(monkeypatch):
         return [10.0] if depths == (0,) else [10.0, 10.0 + added[depths[1]]]
 
     monkeypatch.setattr(costs, "_time_decode", fake_time)
-    registry = SimpleNamespace(sizes=(4, 8, 16), pick=lambda n: 4)
-    runner = SimpleNamespace(decode_registry=registry, num_slots=4, max_depth=6, cache_len=256)
+    runner = _fake_runner((4, 8, 16), max_depth=6)
     profile = costs.profile_costs(runner, depths=tuple(added), show_progress=False)
     prices = [profile.draft_depth_ms[d] for d in sorted(added)]
     assert np.all(np.diff(prices) >= 0) and min(prices) > 0
@@ -35,8 +41,7 @@ def test_verify_table_follows_the_attention_route(monkeypatch):
     take the large bucket's added milliseconds."""
     monkeypatch.setattr(costs, "_time_decode",
                         lambda runner, rows, depths, **kw: [float(rows)] * len(depths))
-    registry = SimpleNamespace(sizes=(4, 8, 12), pick=lambda n: 4)
-    runner = SimpleNamespace(decode_registry=registry, num_slots=4, max_depth=2, cache_len=256)
+    runner = _fake_runner((4, 8, 12), max_depth=2)
     target = costs.profile_costs(runner, depths=(1, 2), show_progress=False).target
     assert target.impute == costs.verify_context_rule() == "scale"  # the CPU backend
     longer = 3 * 4 * 64

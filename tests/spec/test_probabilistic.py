@@ -1,0 +1,361 @@
+"""Probabilistic verification (SpeculativeConfig(verification="probabilistic")): speculative
+rejection sampling emits exactly the target's distribution, accepts more than exact match
+when the drafter's q resembles the target's p, and leaves greedy requests token for token.
+
+The distribution tests have power: the same statistic rejects a deliberately wrong verifier
+(one that redraws a rejected token from p instead of from norm(max(0, p - q))).
+"""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency, chisquare
+
+from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig
+from lightspec_jax.checkpoint import load_qwen3
+from lightspec_jax.drafters import DraftLMDrafter, Eagle3Drafter
+from lightspec_jax.engine.verifier import RejectionSampling, rejection_outcome
+from lightspec_jax.sampling import ProposalSampling, draw, draw_proposal
+
+from conftest import BASE, random_eagle3
+from dflash_fixtures import write_zlab_dflash
+
+PROMPT = [17, 4, 99, 23]
+SIGNIFICANCE = 1e-3
+
+
+# --- the rule itself, on fixed p and q ---------------------------------------------------------
+
+def _fixed_case(rows=40_000, vocab=12, support=6, seed=0):
+    """p over `vocab` tokens, q over a `support`-token subset, drafts drawn from q."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(vocab, 0.7))
+    ids = rng.choice(vocab, support, replace=False)
+    q_probs = rng.dirichlet(np.full(support, 1.0))
+    keys = jax.random.split(jax.random.key(seed), 3 * rows).reshape(3, rows)
+    pick = jax.vmap(lambda k: jax.random.categorical(k, jnp.log(jnp.asarray(q_probs))))(keys[0])
+    x = jnp.asarray(ids)[pick].astype(jnp.int32)
+    tile = lambda a, dtype: jnp.broadcast_to(jnp.asarray(a, dtype), (rows,) + a.shape)  # noqa: E731
+    return p, ids, q_probs, tile(p, jnp.float32), x, tile(ids, jnp.int32), \
+        tile(q_probs, jnp.float32), keys
+
+
+def test_rejection_rule_emits_p_and_accepts_one_minus_tv():
+    p, ids, q_probs, p_rows, x, q_ids, q_rows, keys = _fixed_case()
+    out = rejection_outcome(p_rows, x, q_ids, q_rows, keys[1], keys[2], fallback=x)
+    counts = np.bincount(np.asarray(out), minlength=len(p))
+    assert chisquare(counts, len(out) * p).pvalue > SIGNIFICANCE
+    q = np.zeros_like(p)
+    q[ids] = q_probs
+    accept_rate = float(np.mean(np.asarray(out) == np.asarray(x)))
+    expected = np.minimum(p, q).sum()  # 1 - TV(p, q)
+    assert abs(accept_rate - expected) < 4 * np.sqrt(expected * (1 - expected) / len(out))
+
+
+def test_rejection_rule_test_has_power():
+    """Redrawing a rejected token from p (not the residual) is caught by the same test."""
+    p, ids, q_probs, p_rows, x, q_ids, q_rows, keys = _fixed_case()
+    out = rejection_outcome(p_rows, x, q_ids, q_rows, keys[1], keys[2], fallback=x)
+    from_p = jax.vmap(jax.random.categorical)(keys[2], jnp.log(p_rows))
+    wrong = jnp.where(out == x, x, from_p)  # accepted drafts kept, rejections redrawn from p
+    counts = np.bincount(np.asarray(wrong), minlength=len(p))
+    assert chisquare(counts, len(wrong) * p).pvalue < SIGNIFICANCE
+
+
+def test_point_mass_proposals_reduce_to_p_of_the_draft():
+    """A deterministic draft (q one-hot, M = 1) is accepted with probability p(x)."""
+    p, _, _, p_rows, _, _, _, keys = _fixed_case()
+    x = jnp.full(p_rows.shape[:1], int(np.argmax(p)), jnp.int32)
+    out = rejection_outcome(p_rows, x, x[:, None], jnp.ones((len(x), 1)), keys[1], keys[2],
+                            fallback=x)
+    counts = np.bincount(np.asarray(out), minlength=len(p))
+    assert chisquare(counts, len(out) * p).pvalue > SIGNIFICANCE
+
+
+def test_draws_come_from_the_returned_q():
+    """draw_proposal's token is a draw from the q it returns (top-k / top-p applied), its
+    confidence is max q, and greedy rows get the argmax as a point mass."""
+    rows, vocab = 20_000, 40
+    logits = jax.random.normal(jax.random.key(1), (vocab,)) * 2.0
+    logits = jnp.broadcast_to(logits, (rows, vocab))
+    full = lambda value, dtype: jnp.full((rows,), value, dtype)  # noqa: E731
+    for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.8)):
+        sampling = ProposalSampling(full(0.8, jnp.float32), full(top_k, jnp.int32),
+                                    full(top_p, jnp.float32), jnp.arange(rows, dtype=jnp.uint32),
+                                    full(3, jnp.int32), support=16, vocab=vocab)
+        d = draw_proposal(logits, full(9, jnp.int32), sampling)
+        q = np.zeros(vocab)
+        used = np.asarray(d.q_ids[0]) >= 0
+        q[np.asarray(d.q_ids[0])[used]] = np.asarray(d.q_probs[0])[used]
+        assert q.sum() == pytest.approx(1.0, abs=1e-5)
+        assert used.sum() <= (top_k or 16)
+        assert float(d.conf[0]) == pytest.approx(q.max())
+        counts = np.bincount(np.asarray(d.token), minlength=vocab)
+        assert counts[q == 0].sum() == 0
+        expected = rows * q[q > 0] / q[q > 0].sum()  # float64: chisquare checks the sums
+        assert chisquare(counts[q > 0], expected).pvalue > SIGNIFICANCE
+    greedy = draw_proposal(logits, full(9, jnp.int32), sampling._replace(
+        temperature=full(0.0, jnp.float32)))
+    assert np.all(np.asarray(greedy.token) == int(jnp.argmax(logits[0])))
+    assert np.all(np.asarray(greedy.q_probs[:, 0]) == 1.0)
+
+
+def test_coupled_draws_use_the_targets_noise():
+    """A coupled draft from q = p (the whole vocabulary kept) is the target's own seeded
+    sample, row for row; from a different q it still hits it far more often than chance."""
+    rows, vocab = 4000, 40
+    logits = jax.random.normal(jax.random.key(2), (rows, vocab)) * 2.0
+    temperature = jnp.full((rows,), 0.9)
+    seed, position = jnp.arange(rows, dtype=jnp.uint32), jnp.full((rows,), 11, jnp.int32)
+    target = draw(logits, logits / 0.9, temperature, seed, position)
+    sampling = ProposalSampling(temperature, jnp.zeros((rows,), jnp.int32), jnp.ones((rows,)),
+                                seed, jnp.zeros((rows,), jnp.int32), support=vocab,
+                                vocab=vocab, coupled=True)
+    same = draw_proposal(logits, position, sampling)
+    assert np.array_equal(np.asarray(same.token), np.asarray(target))
+    other = logits + jax.random.normal(jax.random.key(3), logits.shape)  # a different q
+    hits = np.mean(np.asarray(draw_proposal(other, position, sampling).token)
+                   == np.asarray(target))
+    independent = np.mean(np.asarray(draw_proposal(other, position, sampling._replace(
+        coupled=False)).token) == np.asarray(target))
+    assert hits > independent + 0.2
+
+
+# --- the engine ----------------------------------------------------------------------------------
+
+class RedrawFromP(RejectionSampling):
+    """A deliberately wrong verifier: a rejected draft is replaced by a draw from p."""
+
+    def row_tokens(self, logits, state, layout, slot, row_pos, mode):
+        right = super().row_tokens(logits, state, layout, slot, row_pos, mode)
+        own = super(RejectionSampling, self).row_tokens(logits, state, layout, slot, row_pos,
+                                                         mode)
+        drafted = state.draft_tokens[slot, jnp.clip(row_pos - state.seq_len[slot], 0,
+                                                    state.draft_tokens.shape[1] - 1)]
+        return jnp.where(right == drafted, right, own)
+
+
+def _flat_copy_drafter(target_dir, scale=0.3):
+    """The target's copy with a flattened head: q resembles p but is broader, so about half
+    of the drafts are rejected and the residual draw decides those tokens (what gives the
+    distribution test its power against a wrong residual)."""
+    model = load_qwen3(target_dir)
+    model.lm_head.set_value(model.lm_head[...] * scale)
+    return DraftLMDrafter(model, seed=7)
+
+
+@pytest.fixture(scope="module")
+def probabilistic_engines(sharp_checkpoint):
+    """name -> engine over the sharp target: 'flat' (dynamic policy, flattened-copy drafter),
+    'wrong' (the same with RedrawFromP), 'copy' / 'copy_exact' / 'copy_coupled' (static
+    K = 3, an exact copy drafter; probabilistic, exact match with argmax drafts, exact match
+    with coupled drafts)."""
+    target_dir = sharp_checkpoint[0]
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            flat = name in ("flat", "wrong")
+            exact = name in ("copy_exact", "copy_coupled")
+            config = EngineConfig(
+                max_num_seqs=32, verify_buckets=(32, 64, 128), row_buckets=(32,),
+                speculative=SpeculativeConfig(
+                    policy="dynamic" if flat else "static", num_speculative_tokens=3,
+                    verification="exact" if exact else "probabilistic",
+                    coupled_drafts=name == "copy_coupled"),
+                **BASE)
+            drafter = (_flat_copy_drafter(target_dir) if flat else
+                       DraftLMDrafter(load_qwen3(target_dir), seed=7))
+            cache[name] = Engine(load_qwen3(target_dir), config=config, drafter=drafter,
+                                 eos_token_ids=(1,),
+                                 verifier=RedrawFromP(32) if name == "wrong" else None)
+        return cache[name]
+    return get
+
+
+def _two_sample_pvalue(a: collections.Counter, b: collections.Counter) -> float:
+    """Chi-square homogeneity over 3-token sequences; rare ones pooled into one cell."""
+    keys = sorted(set(a) | set(b), key=lambda k: -(a[k] + b[k]))
+    big = [k for k in keys if a[k] + b[k] >= 20]
+    table = np.array([[a[k] for k in big] + [sum(a[k] for k in keys if k not in big)],
+                      [b[k] for k in big] + [sum(b[k] for k in keys if k not in big)]])
+    return chi2_contingency(table[:, table.sum(axis=0) > 0]).pvalue
+
+
+SETTINGS = {"T1": dict(temperature=1.0), "T0.7_top_p0.9": dict(temperature=0.7, top_p=0.9)}
+
+
+def _target_probs(hf_model, prefixes, temperature, top_p=1.0):
+    """The target's distribution of the next token after each prefix [G, L] -> [G, V], with
+    the request's temperature and top-p (transformers' forward: independent of our code)."""
+    import torch
+
+    with torch.no_grad():
+        logits = hf_model(torch.tensor(prefixes)).logits[:, -1].double().numpy()
+    probs = np.exp(logits / temperature - (logits / temperature).max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    order = np.argsort(-probs, axis=1)
+    sorted_probs = np.take_along_axis(probs, order, axis=1)
+    keep_sorted = np.cumsum(sorted_probs, axis=1) - sorted_probs < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=1)
+    probs = np.where(keep, probs, 0.0)
+    return probs / probs.sum(axis=1, keepdims=True)
+
+
+def _conditional_pvalue(outs, hf_model, setting, index=2):
+    """Goodness of fit of token `index` to the target's exact conditional distribution given
+    the tokens before it: cells (prefix, token) with expected count n_prefix * p(token |
+    prefix); cells expected below 5 pooled into one."""
+    groups = collections.defaultdict(list)
+    for o in outs:
+        groups[tuple(o.token_ids[:index])].append(o.token_ids[index])
+    prefixes = sorted(groups)
+    probs = _target_probs(hf_model, [PROMPT + list(p) for p in prefixes], **SETTINGS[setting])
+    observed, expected, rest_obs, rest_exp = [], [], 0, 0.0
+    for prefix, row in zip(prefixes, probs):
+        counts = np.bincount(groups[prefix], minlength=len(row))
+        exp = len(groups[prefix]) * row
+        big = exp >= 5
+        observed += counts[big].tolist()
+        expected += exp[big].tolist()
+        rest_obs += int(counts[~big].sum())
+        rest_exp += float(exp[~big].sum())
+    observed, expected = np.array(observed + [rest_obs]), np.array(expected + [rest_exp])
+    return chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_emitted_distribution_matches_target_only(probabilistic_engines, sharp_plain_engine,
+                                                  sharp_checkpoint, setting):
+    """Over 2,000 seeds: the first 3 generated tokens follow target-only sampling (two-sample
+    test), and the first token rejection sampling decides follows the target's exact
+    conditional distribution, where a verifier that redraws rejections from p fails."""
+    n = 2000
+    params = lambda start: [SamplingParams(max_tokens=4, seed=s, ignore_eos=True,  # noqa: E731
+                                           **SETTINGS[setting]) for s in range(start, start + n)]
+    outs = probabilistic_engines("flat").generate([PROMPT] * n, params(0))
+    plain = sharp_plain_engine.generate([PROMPT] * n, params(50_000))
+    first_3 = lambda outs: collections.Counter(tuple(o.token_ids[:3]) for o in outs)  # noqa: E731
+    assert _two_sample_pvalue(first_3(outs), first_3(plain)) > SIGNIFICANCE
+    hf_model = sharp_checkpoint[1]
+    assert _conditional_pvalue(plain, hf_model, setting) > SIGNIFICANCE  # the oracle itself
+    # Token 0 comes from the prefill and token 1 from a step with no proposal yet (drafting
+    # starts after the first verify): token 2 is the first that a draft's test decides (its
+    # step may verify one draft: the allowance of 4 leaves room for it and the bonus).
+    assert _conditional_pvalue(outs, hf_model, setting) > SIGNIFICANCE
+    tested = sum(o.metrics.verified for o in outs)
+    accepted = sum(o.metrics.accepted for o in outs)
+    assert 0.2 * tested < accepted < 0.9 * tested  # rejections happen, and often
+    wrong = probabilistic_engines("wrong").generate([PROMPT] * n, params(0))
+    assert _conditional_pvalue(wrong, hf_model, setting) < SIGNIFICANCE
+
+
+def test_accepts_more_than_exact_match(probabilistic_engines):
+    """With q = p (the target's own copy drafting), rejection sampling accepts nearly every
+    draft, and so does exact match with coupled drafts (drawn with the target's own noise),
+    where argmax drafts are accepted only when the seeded sample hits the argmax."""
+    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=s, ignore_eos=True)
+              for s in range(100)]
+    rate = {}
+    for name in ("copy", "copy_coupled", "copy_exact"):
+        outs = probabilistic_engines(name).generate([PROMPT] * len(params), params)
+        rate[name] = (sum(o.metrics.accepted for o in outs)
+                      / sum(o.metrics.verified for o in outs))
+    assert min(rate["copy"], rate["copy_coupled"]) > 0.95 > rate["copy_exact"] + 0.1
+
+
+def test_coupled_drafts_keep_plain_output(probabilistic_engines, sharp_plain_engine):
+    """Coupled drafts change only what is proposed: exact match still commits the target's
+    own tokens, so seeded sampled output is plain decoding's, token for token."""
+    prompts, params = _mixed_requests(32, 8)
+    spec = probabilistic_engines("copy_coupled").generate(prompts, params)
+    plain = sharp_plain_engine.generate(prompts, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert sum(o.metrics.accepted for o in spec) > 0.5 * sum(o.metrics.verified for o in spec)
+
+
+def _mixed_requests(count, seed):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(2, 250, size=int(rng.integers(1, 20))).tolist() for _ in range(count)]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 25)), seed=i, ignore_eos=True,
+                             temperature=float(rng.choice([0.0, 0.7, 1.0])),
+                             top_p=float(rng.choice([1.0, 0.9])), top_k=int(rng.choice([0, 8])))
+              for i in range(count)]
+    return prompts, params
+
+
+def test_greedy_requests_stay_exact(probabilistic_engines, sharp_plain_engine):
+    """Greedy requests batched with sampled ones (dynamic budget, staggered lengths) emit
+    plain greedy output token for token."""
+    prompts, params = _mixed_requests(40, 3)
+    spec = probabilistic_engines("flat").generate(prompts, params)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    plain = sharp_plain_engine.generate([prompts[i] for i in greedy],
+                                        [params[i] for i in greedy])
+    assert [spec[i].token_ids for i in greedy] == [o.token_ids for o in plain]
+    assert len(greedy) >= 5
+
+
+def test_static_budget_output_reproduces_alone_and_batched(probabilistic_engines):
+    """With a budget that follows the proposal alone (the static policy verifies every
+    draft), a seeded request's output depends on nothing else: served again, or alone
+    instead of in a batch, it is the same. (A dynamic budget is planned from measured
+    times, so its output is equally distributed but not repeatable token for token.)"""
+    engine = probabilistic_engines("copy")
+    prompts, params = _mixed_requests(24, 4)
+    first = [o.token_ids for o in engine.generate(prompts, params)]
+    assert first == [o.token_ids for o in engine.generate(prompts, params)]
+    for i in (0, 5, 11):
+        assert engine.generate([prompts[i]], [params[i]])[0].token_ids == first[i]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "ngram"])
+def test_every_drafter_serves_probabilistic_verification(kind, target_dir, plain_engine,
+                                                         tmp_path):
+    """Eagle3 (a reduced draft vocabulary mapped to target ids), DFlash (a block drawn row by
+    row) and n-gram lookup (point-mass drafts) under probabilistic verification: greedy
+    requests stay token for token, sampled ones repeat under the static budget."""
+    spec = SpeculativeConfig(policy="static", num_speculative_tokens=3,
+                             verification="probabilistic", proposal_support=8,
+                             method="ngram" if kind == "ngram" else None)
+    # One verify and one prefill bucket: each sampling mode compiles its steps on first use.
+    config = EngineConfig(max_num_seqs=6, verify_buckets=(24,), row_buckets=(32,),
+                          refresh_costs=False, speculative=spec, **BASE)
+    if kind == "dflash":
+        cfg = load_qwen3(target_dir).config
+        write_zlab_dflash(str(tmp_path), target_layers=cfg.num_layers,
+                          vocab_size=cfg.vocab_size, block_size=5, mask_token_id=3, seed=5)
+        engine = Engine.from_pretrained(target_dir, str(tmp_path), config=config)
+    else:
+        drafter = (Eagle3Drafter(random_eagle3(load_qwen3(target_dir).config))
+                   if kind == "eagle3" else None)
+        engine = Engine(load_qwen3(target_dir), config=config, drafter=drafter,
+                        eos_token_ids=(1,))
+    prompts, params = _mixed_requests(18, 6)
+    first = [o.token_ids for o in engine.generate(prompts, params)]
+    assert first == [o.token_ids for o in engine.generate(prompts, params)]
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    plain = plain_engine.generate([prompts[i] for i in greedy], [params[i] for i in greedy])
+    assert [first[i] for i in greedy] == [o.token_ids for o in plain]
+    assert all(len(t) == p.max_tokens for t, p in zip(first, params))
+
+
+def test_configuration_errors(sharp_checkpoint):
+    with pytest.raises(ValueError, match="synthetic_acceptance"):
+        Engine(load_qwen3(sharp_checkpoint[0]), drafter=_flat_copy_drafter(sharp_checkpoint[0]),
+               config=EngineConfig(synthetic_acceptance="chat", **BASE,
+                                   speculative=SpeculativeConfig(
+                                       policy="static", num_speculative_tokens=2,
+                                       verification="probabilistic")))
+    with pytest.raises(ValueError, match="verification"):
+        SpeculativeConfig(policy="static", num_speculative_tokens=2, verification="lenient")
+    with pytest.raises(ValueError, match="coupled_drafts"):
+        SpeculativeConfig(policy="static", num_speculative_tokens=2,
+                          verification="probabilistic", coupled_drafts=True)
+    with pytest.raises(ValueError, match="proposal_support"):
+        SpeculativeConfig(policy="static", num_speculative_tokens=2,
+                          verification="probabilistic", proposal_support=0)
