@@ -158,6 +158,13 @@ def build_parser() -> Parser:
                    help="timed runs of every (concurrency, policy), interleaved; rows report the "
                         "median and min-max")
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--verification", nargs="+", choices=("exact", "probabilistic", "coupled"),
+                   default=["exact"],
+                   help="how sampled requests' drafts are made and verified: exact (argmax "
+                        "drafts, exact match), probabilistic (rejection sampling, labelled "
+                        "'<policy> prob') or coupled (drafts drawn with the target's own "
+                        "noise, exact match; '<policy> coupled'); every speculative policy is "
+                        "served once per value given, side by side in the same run")
     s.add_argument("--ignore-eos", action="store_true",
                    help="generate past EOS up to the length limits")
     s.add_argument("--synthetic", choices=("chat", "code", "math"), default=None,
@@ -284,6 +291,10 @@ def _check(args, parser: Parser) -> None:
         for v in values if isinstance(values, list) else [values]:
             if v is not None and v < 1:
                 parser.error(f"--{what.replace('_', '-')} must be >= 1, got {v}")
+    if getattr(args, "synthetic", None) and "probabilistic" in (getattr(args, "verification",
+                                                                         None) or []):
+        parser.error("--synthetic draws verification outcomes: it cannot be combined with "
+                     "--verification probabilistic")
     depth = getattr(args, "max_depth", None)
     if depth is not None and not 1 <= depth <= 15:
         parser.error(f"--max-depth must be in [1, 15] (the verify width K + 1 is at most 16), "

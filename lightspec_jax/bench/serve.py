@@ -25,14 +25,17 @@ def auto_num_prompts(concurrency: int) -> int:
 
 
 def build_engine(args, *, policy: str, depth: int, concurrency: int, max_model_len: int,
-                 longest_prompt: int, synthetic: str | None = None, **config):
+                 longest_prompt: int, synthetic: str | None = None,
+                 verification: str = "exact", **config):
     from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
     from lightspec_jax.engine.buckets import concurrency_buckets
 
     ngram = args.drafter == "ngram"
     spec = (SpeculativeConfig() if policy == "none" else
             SpeculativeConfig(policy=policy, num_speculative_tokens=depth,
-                              method="ngram" if ngram else None))
+                              method="ngram" if ngram else None,
+                              verification="exact" if verification == "coupled" else
+                              verification, coupled_drafts=verification == "coupled"))
     rows = prefill_buckets(concurrency, longest_prompt)
     config = EngineConfig(max_num_seqs=concurrency, max_model_len=max_model_len,
                           dtype=args.dtype, speculative=spec,
@@ -72,7 +75,10 @@ def serve(args) -> dict:
 
     tokenizer = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
     # args.policies are resolved names ("static:3", "dynamic:7"); depth 0 = plain decoding.
-    policies = [(name, k or 0) for name, k in map(parse_policy, args.policies)]
+    # Each speculative policy once per verification mode (plain decoding verifies nothing).
+    verifications = getattr(args, "verification", None) or ["exact"]
+    policies = [(name, k or 0, v) for name, k in map(parse_policy, args.policies)
+                for v in (verifications if k else ["exact"])]
     print("lightspec-bench serve: one engine per (concurrency, policy); compiled buckets and "
           "measured costs are cached on disk, so the first run takes longest", flush=True)
     rows = []
@@ -88,14 +94,16 @@ def serve(args) -> dict:
                   for i, it in enumerate(items)]
         longest = max(len(p) for p in prompts)
         engines = {}
-        for name, depth in policies:
-            label = policy_name(name, depth or None)
+        for name, depth, verification in policies:
+            label = policy_name(name, depth or None) + {
+                "exact": "", "probabilistic": " prob", "coupled": " coupled"}[verification]
             what = "compiling its buckets" + (", timing them for the planner" if depth else "")
             print(f"[c={c}] building engine {label}: {what}", flush=True)
             start = time.perf_counter()
             engine = build_engine(args, policy=name, depth=depth, concurrency=c,
                                   max_model_len=longest + args.max_tokens + 1,
-                                  longest_prompt=longest, synthetic=args.synthetic)
+                                  longest_prompt=longest, synthetic=args.synthetic,
+                                  verification=verification)
             startup = time.perf_counter() - start
             # A short full-batch run: each executable's first call (allocation, thread pools)
             # stays out of the timing.
