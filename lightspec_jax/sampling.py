@@ -70,10 +70,11 @@ def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.
 
 
 # Independent random streams, each keyed by (request seed, position[, round]): the target's
-# own sample (the one plain decoding draws), and probabilistic verification's draft, accept
-# test and residual draw. A draft and its test carry the round (the request's committed length
-# when the proposal was made), so no two steps of a request ever reuse a draw.
-TARGET_STREAM, ACCEPT_STREAM, RESIDUAL_STREAM, DRAFT_STREAM = range(4)
+# own sample (the one plain decoding draws; probabilistic verification's residual draw reuses
+# it), and probabilistic verification's draft and accept test, which carry the round (the
+# request's committed length when the proposal was made), so no two steps of a request ever
+# reuse them.
+TARGET_STREAM, ACCEPT_STREAM, DRAFT_STREAM = 0, 1, 3
 
 
 def row_keys(seed: jax.Array, position: jax.Array, round_: jax.Array | None = None, *,

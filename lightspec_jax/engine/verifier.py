@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from lightspec_jax.pallas_kernels import verify
 
-from ..sampling import (ACCEPT_STREAM, RESIDUAL_STREAM, ProposalSampling, SampleMode, draw,
+from ..sampling import (ACCEPT_STREAM, ProposalSampling, SampleMode, draw,
                         row_keys, sample, target_logits)
 
 
@@ -89,7 +89,7 @@ class RejectionSampling(ExactMatch):
     The per-row outcome is folded into the row's token - the accepted draft, or a residual
     draw that can never equal it (the residual is 0 at a rejected x) - so exact-match verify
     then yields exactly the accepted prefix and the bonus. All draws are keyed by (request
-    seed, position, round): runs are reproducible, and a request's outcome does not depend on
+    seed, position[, round]): runs are reproducible, and a request's outcome does not depend on
     its batch, only on its own proposals and how many of them are verified.
 
     Why the budget must not anticipate (DSpark, Appendix A; reference/lightspec-algorithm.md,
@@ -132,7 +132,12 @@ class RejectionSampling(ExactMatch):
             jax.nn.softmax(scaled, axis=-1), x, state.draft_q_ids[slot, column],
             state.draft_q_probs[slot, column],
             row_keys(seed, position, round_, stream=ACCEPT_STREAM),
-            row_keys(seed, position, round_, stream=RESIDUAL_STREAM), fallback=own)
+            # The residual reuses the row's own sampling noise: a row's own sample is used
+            # only where it tests nothing and its residual only where it tests and rejects,
+            # so each token still gets fresh noise - and the noise over the vocabulary, the
+            # costliest draw, is generated once per row (the same key and shape: XLA
+            # computes it once).
+            row_keys(seed, position), fallback=own)
         return jnp.where(tests, outcome, own)
 
 
