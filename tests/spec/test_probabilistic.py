@@ -7,6 +7,7 @@ The distribution tests have power: the same statistic rejects a deliberately wro
 """
 
 import collections
+import gc
 
 import jax
 import jax.numpy as jnp
@@ -126,6 +127,51 @@ def test_coupled_draws_use_the_targets_noise():
 
 # --- the engine ----------------------------------------------------------------------------------
 
+def _mixed_requests(count, seed):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(2, 250, size=int(rng.integers(1, 20))).tolist() for _ in range(count)]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 25)), seed=i, ignore_eos=True,
+                             temperature=float(rng.choice([0.0, 0.7, 1.0])),
+                             top_p=float(rng.choice([1.0, 0.9])), top_k=int(rng.choice([0, 8])))
+              for i in range(count)]
+    return prompts, params
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "ngram"])
+def test_every_drafter_serves_probabilistic_verification(kind, target_dir, plain_engine,
+                                                         tmp_path):
+    """Eagle3 (a reduced draft vocabulary mapped to target ids), DFlash (a block drawn row by
+    row) and n-gram lookup (point-mass drafts) under probabilistic verification: greedy
+    requests stay token for token, sampled ones repeat under the static budget."""
+    spec = SpeculativeConfig(policy="static", num_speculative_tokens=3,
+                             verification="probabilistic", proposal_support=8,
+                             method="ngram" if kind == "ngram" else None)
+    # One verify and one prefill bucket: each sampling mode compiles its steps on first use.
+    config = EngineConfig(max_num_seqs=6, verify_buckets=(24,), row_buckets=(32,),
+                          refresh_costs=False, speculative=spec, **BASE)
+    if kind == "dflash":
+        cfg = load_qwen3(target_dir).config
+        write_zlab_dflash(str(tmp_path), target_layers=cfg.num_layers,
+                          vocab_size=cfg.vocab_size, block_size=5, mask_token_id=3, seed=5)
+        engine = Engine.from_pretrained(target_dir, str(tmp_path), config=config)
+    else:
+        drafter = (Eagle3Drafter(random_eagle3(load_qwen3(target_dir).config))
+                   if kind == "eagle3" else None)
+        engine = Engine(load_qwen3(target_dir), config=config, drafter=drafter,
+                        eos_token_ids=(1,))
+    prompts, params = _mixed_requests(18, 6)
+    try:
+        first = [o.token_ids for o in engine.generate(prompts, params)]
+        assert first == [o.token_ids for o in engine.generate(prompts, params)]
+    finally:
+        del engine
+        gc.collect()  # its executables' code maps: the suite runs near the kernel's cap
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    plain = plain_engine.generate([prompts[i] for i in greedy], [params[i] for i in greedy])
+    assert [first[i] for i in greedy] == [o.token_ids for o in plain]
+    assert all(len(t) == p.max_tokens for t, p in zip(first, params))
+
+
 class RedrawFromP(RejectionSampling):
     """A deliberately wrong verifier: a rejected draft is replaced by a draw from p."""
 
@@ -147,33 +193,51 @@ def _flat_copy_drafter(target_dir, scale=0.3):
     return DraftLMDrafter(model, seed=7)
 
 
+class _Engines:
+    """Engines over the sharp target, built on first use and released when the tests that
+    need them are done: XLA:CPU maps each executable's code into memory, and the whole suite
+    in one process runs close to the kernel's cap on memory maps (conftest.py)."""
+
+    def __init__(self, target_dir):
+        self.target_dir = target_dir
+        self.cache = {}
+
+    def __call__(self, name):
+        if name not in self.cache:
+            self.cache[name] = self._build(name)
+        return self.cache[name]
+
+    def release(self, *names):
+        for name in names:
+            self.cache.pop(name, None)
+        gc.collect()
+
+    def _build(self, name):
+        flat = name in ("flat", "wrong")
+        exact = name in ("copy_exact", "copy_coupled")
+        slots = 32 if flat else 16
+        config = EngineConfig(
+            max_num_seqs=slots, verify_buckets=(slots, 2 * slots, 4 * slots), row_buckets=(32,),
+            speculative=SpeculativeConfig(
+                policy="dynamic" if flat else "static", num_speculative_tokens=3,
+                verification="exact" if exact else "probabilistic",
+                coupled_drafts=name == "copy_coupled"),
+            **BASE)
+        drafter = (_flat_copy_drafter(self.target_dir) if flat else
+                   DraftLMDrafter(load_qwen3(self.target_dir), seed=7))
+        return Engine(load_qwen3(self.target_dir), config=config, drafter=drafter,
+                      eos_token_ids=(1,), verifier=RedrawFromP(32) if name == "wrong" else None)
+
+
 @pytest.fixture(scope="module")
 def probabilistic_engines(sharp_checkpoint):
     """name -> engine over the sharp target: 'flat' (dynamic policy, flattened-copy drafter),
     'wrong' (the same with RedrawFromP), 'copy' / 'copy_exact' / 'copy_coupled' (static
     K = 3, an exact copy drafter; probabilistic, exact match with argmax drafts, exact match
     with coupled drafts)."""
-    target_dir = sharp_checkpoint[0]
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            flat = name in ("flat", "wrong")
-            exact = name in ("copy_exact", "copy_coupled")
-            config = EngineConfig(
-                max_num_seqs=32, verify_buckets=(32, 64, 128), row_buckets=(32,),
-                speculative=SpeculativeConfig(
-                    policy="dynamic" if flat else "static", num_speculative_tokens=3,
-                    verification="exact" if exact else "probabilistic",
-                    coupled_drafts=name == "copy_coupled"),
-                **BASE)
-            drafter = (_flat_copy_drafter(target_dir) if flat else
-                       DraftLMDrafter(load_qwen3(target_dir), seed=7))
-            cache[name] = Engine(load_qwen3(target_dir), config=config, drafter=drafter,
-                                 eos_token_ids=(1,),
-                                 verifier=RedrawFromP(32) if name == "wrong" else None)
-        return cache[name]
-    return get
+    engines = _Engines(sharp_checkpoint[0])
+    yield engines
+    engines.release(*list(engines.cache))
 
 
 def _two_sample_pvalue(a: collections.Counter, b: collections.Counter) -> float:
@@ -254,6 +318,19 @@ def test_emitted_distribution_matches_target_only(probabilistic_engines, sharp_p
     assert _conditional_pvalue(wrong, hf_model, setting) < SIGNIFICANCE
 
 
+def test_greedy_requests_stay_exact(probabilistic_engines, sharp_plain_engine):
+    """Greedy requests batched with sampled ones (dynamic budget, staggered lengths) emit
+    plain greedy output token for token."""
+    prompts, params = _mixed_requests(40, 3)
+    spec = probabilistic_engines("flat").generate(prompts, params)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    plain = sharp_plain_engine.generate([prompts[i] for i in greedy],
+                                        [params[i] for i in greedy])
+    assert [spec[i].token_ids for i in greedy] == [o.token_ids for o in plain]
+    assert len(greedy) >= 5
+    probabilistic_engines.release("flat", "wrong")  # the tests below use the copy engines
+
+
 def test_accepts_more_than_exact_match(probabilistic_engines):
     """With q = p (the target's own copy drafting), rejection sampling accepts nearly every
     draft, and so does exact match with coupled drafts (drawn with the target's own noise),
@@ -266,6 +343,7 @@ def test_accepts_more_than_exact_match(probabilistic_engines):
         rate[name] = (sum(o.metrics.accepted for o in outs)
                       / sum(o.metrics.verified for o in outs))
     assert min(rate["copy"], rate["copy_coupled"]) > 0.95 > rate["copy_exact"] + 0.1
+    probabilistic_engines.release("copy_exact")
 
 
 def test_coupled_drafts_keep_plain_output(probabilistic_engines, sharp_plain_engine):
@@ -276,28 +354,6 @@ def test_coupled_drafts_keep_plain_output(probabilistic_engines, sharp_plain_eng
     plain = sharp_plain_engine.generate(prompts, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert sum(o.metrics.accepted for o in spec) > 0.5 * sum(o.metrics.verified for o in spec)
-
-
-def _mixed_requests(count, seed):
-    rng = np.random.default_rng(seed)
-    prompts = [rng.integers(2, 250, size=int(rng.integers(1, 20))).tolist() for _ in range(count)]
-    params = [SamplingParams(max_tokens=int(rng.integers(1, 25)), seed=i, ignore_eos=True,
-                             temperature=float(rng.choice([0.0, 0.7, 1.0])),
-                             top_p=float(rng.choice([1.0, 0.9])), top_k=int(rng.choice([0, 8])))
-              for i in range(count)]
-    return prompts, params
-
-
-def test_greedy_requests_stay_exact(probabilistic_engines, sharp_plain_engine):
-    """Greedy requests batched with sampled ones (dynamic budget, staggered lengths) emit
-    plain greedy output token for token."""
-    prompts, params = _mixed_requests(40, 3)
-    spec = probabilistic_engines("flat").generate(prompts, params)
-    greedy = [i for i, p in enumerate(params) if p.greedy]
-    plain = sharp_plain_engine.generate([prompts[i] for i in greedy],
-                                        [params[i] for i in greedy])
-    assert [spec[i].token_ids for i in greedy] == [o.token_ids for o in plain]
-    assert len(greedy) >= 5
 
 
 def test_static_budget_output_reproduces_alone_and_batched(probabilistic_engines):
@@ -311,37 +367,6 @@ def test_static_budget_output_reproduces_alone_and_batched(probabilistic_engines
     assert first == [o.token_ids for o in engine.generate(prompts, params)]
     for i in (0, 5, 11):
         assert engine.generate([prompts[i]], [params[i]])[0].token_ids == first[i]
-
-
-@pytest.mark.parametrize("kind", ["eagle3", "dflash", "ngram"])
-def test_every_drafter_serves_probabilistic_verification(kind, target_dir, plain_engine,
-                                                         tmp_path):
-    """Eagle3 (a reduced draft vocabulary mapped to target ids), DFlash (a block drawn row by
-    row) and n-gram lookup (point-mass drafts) under probabilistic verification: greedy
-    requests stay token for token, sampled ones repeat under the static budget."""
-    spec = SpeculativeConfig(policy="static", num_speculative_tokens=3,
-                             verification="probabilistic", proposal_support=8,
-                             method="ngram" if kind == "ngram" else None)
-    # One verify and one prefill bucket: each sampling mode compiles its steps on first use.
-    config = EngineConfig(max_num_seqs=6, verify_buckets=(24,), row_buckets=(32,),
-                          refresh_costs=False, speculative=spec, **BASE)
-    if kind == "dflash":
-        cfg = load_qwen3(target_dir).config
-        write_zlab_dflash(str(tmp_path), target_layers=cfg.num_layers,
-                          vocab_size=cfg.vocab_size, block_size=5, mask_token_id=3, seed=5)
-        engine = Engine.from_pretrained(target_dir, str(tmp_path), config=config)
-    else:
-        drafter = (Eagle3Drafter(random_eagle3(load_qwen3(target_dir).config))
-                   if kind == "eagle3" else None)
-        engine = Engine(load_qwen3(target_dir), config=config, drafter=drafter,
-                        eos_token_ids=(1,))
-    prompts, params = _mixed_requests(18, 6)
-    first = [o.token_ids for o in engine.generate(prompts, params)]
-    assert first == [o.token_ids for o in engine.generate(prompts, params)]
-    greedy = [i for i, p in enumerate(params) if p.greedy]
-    plain = plain_engine.generate([prompts[i] for i in greedy], [params[i] for i in greedy])
-    assert [first[i] for i in greedy] == [o.token_ids for o in plain]
-    assert all(len(t) == p.max_tokens for t, p in zip(first, params))
 
 
 def test_configuration_errors(sharp_checkpoint):
