@@ -46,6 +46,10 @@ class SlotState(NamedTuple):
     draft_q_ids: jax.Array
     draft_q_probs: jax.Array
 
+    def sampling(self, slot: jax.Array):
+        """The sampling values of `slot` [R] -> (temperature, top_k, top_p, seed), each [R]."""
+        return self.temperature[slot], self.top_k[slot], self.top_p[slot], self.seed[slot]
+
     @classmethod
     def empty(cls, num_slots: int, max_depth: int, support: int = 0) -> "SlotState":
         n, k = num_slots, max(max_depth, 1)

@@ -35,7 +35,7 @@ from .costs import CostStore, device_interval_ms
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sharding import MeshLayout, engine_mesh
-from .verifier import ExactMatch, RejectionSampling, SyntheticAcceptance
+from .verifier import verifier_for
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +128,8 @@ class Engine:
         self.drafter = drafter
         n = config.max_num_seqs
         k = spec.num_speculative_tokens if speculative else 0
-        probabilistic = speculative and spec.verification == "probabilistic"
-        if probabilistic and config.synthetic_acceptance:
-            raise ValueError("synthetic_acceptance draws verification outcomes, so it cannot "
-                             "be combined with verification='probabilistic'")
         if verifier is None:
-            verifier = (SyntheticAcceptance(config.synthetic_acceptance, num_slots=n,
-                                            max_depth=k, seed=config.seed)
-                        if speculative and config.synthetic_acceptance else
-                        RejectionSampling(spec.proposal_support) if probabilistic else
-                        ExactMatch(spec.proposal_support if spec.coupled_drafts else 0))
+            verifier = verifier_for(config, speculative=speculative, num_slots=n, max_depth=k)
         self.verifier = verifier
         if speculative:
             decode_buckets = config.verify_buckets or verify_buckets(n * (k + 1))

@@ -36,11 +36,6 @@ from ..sampling import SampleMode, point_mass, sample
 from .batch import PrefillInputs, SlotState, pack_readback
 
 
-def _slot_sampling(state: SlotState, slot: jax.Array):
-    """The sampling values of `slot` [R] -> four [R] arrays for `sample`."""
-    return state.temperature[slot], state.top_k[slot], state.top_p[slot], state.seed[slot]
-
-
 def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dcache,
             state: SlotState, inputs: PrefillInputs, *, mode: SampleMode):
     """Prompt chunks through the target (and the drafter); each completing prompt samples its
@@ -55,7 +50,7 @@ def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dc
     at = inputs.sample_slot  # [C]; N on padding (scatters drop it)
     slot = jnp.clip(at, 0, n - 1)
     prompt_len = inputs.row_pos[inputs.sample_row] + 1  # [C]: the first token's position
-    tokens = sample(out.logits, *_slot_sampling(state, slot), prompt_len, mode)  # [C]
+    tokens = sample(out.logits, *state.sampling(slot), prompt_len, mode)  # [C]
     stops = jnp.any(state.stop_ids[slot] == tokens[:, None], axis=1)  # [C]
     remaining = state.remaining[slot] - 1
 

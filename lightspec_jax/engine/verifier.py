@@ -58,20 +58,23 @@ class ExactMatch:
         """How the next drafts are drawn (None: the drafter's argmax)."""
         if not self.coupled_support:
             return None
-        return ProposalSampling(state.temperature, state.top_k, state.top_p, state.seed,
-                                round=state.seq_len, support=self.coupled_support, vocab=vocab,
-                                coupled=True)
+        return _proposal_sampling(state, self.coupled_support, vocab, coupled=True)
 
     def row_tokens(self, logits, state, layout, slot, row_pos, mode: SampleMode):
         """The token each verify row commits if the drafts before it are accepted -> [B]:
         here the target's own (argmax, or the sample keyed by seed and position row_pos + 1,
         the key plain decoding uses there). logits [B, V]; slot, row_pos [B]."""
-        return sample(logits, state.temperature[slot], state.top_k[slot], state.top_p[slot],
-                      state.seed[slot], row_pos + 1, mode)
+        return sample(logits, *state.sampling(slot), row_pos + 1, mode)
 
     def verify(self, target_tokens, layout, draft_tokens, extra):
         """-> accepted [N], out_tokens [N, K+1], num_new [N] (pallas_kernels.verify)."""
         return verify(target_tokens, layout, draft_tokens)
+
+
+def _proposal_sampling(state, support: int, vocab: int, *, coupled: bool) -> ProposalSampling:
+    """Every slot's sampling values and round (its committed length) for the draft step."""
+    return ProposalSampling(state.temperature, state.top_k, state.top_p, state.seed,
+                            round=state.seq_len, support=support, vocab=vocab, coupled=coupled)
 
 
 class RejectionSampling(ExactMatch):
@@ -111,15 +114,14 @@ class RejectionSampling(ExactMatch):
 
     def proposal_sampling(self, state, vocab: int) -> ProposalSampling:
         """Sampled requests' drafts drawn from q with their own keys; q kept in the state."""
-        return ProposalSampling(state.temperature, state.top_k, state.top_p, state.seed,
-                                round=state.seq_len, support=self.support, vocab=vocab)
+        return _proposal_sampling(state, self.support, vocab, coupled=False)
 
     def row_tokens(self, logits, state, layout, slot, row_pos, mode: SampleMode):
-        temperature = state.temperature[slot]  # [B]
         if mode == SampleMode.GREEDY:  # every request greedy: exact match
             return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        scaled = target_logits(logits, temperature, state.top_k[slot], state.top_p[slot], mode)
-        seed, position = state.seed[slot], row_pos + 1
+        temperature, top_k, top_p, seed = state.sampling(slot)  # [B] each
+        scaled = target_logits(logits, temperature, top_k, top_p, mode)
+        position = row_pos + 1
         own = draw(logits, scaled, temperature, seed, position)  # [B]
         k = state.draft_tokens.shape[1]
         offset = row_pos - state.seq_len[slot]  # [B] the row's offset in its slot's span
@@ -224,3 +226,19 @@ class SyntheticAcceptance(ExactMatch):
         num_new = jnp.where(layout.slot_valid, accepted + 1, 0)
         return (accepted.astype(jnp.int32), out_tokens.astype(jnp.int32),
                 num_new.astype(jnp.int32))
+
+
+def verifier_for(config, *, speculative: bool, num_slots: int, max_depth: int):
+    """The verifier an EngineConfig asks for: synthetic acceptance (benchmarks), rejection
+    sampling (verification="probabilistic"), or exact match, with coupled drafts or not."""
+    spec = config.speculative
+    probabilistic = speculative and spec.verification == "probabilistic"
+    if probabilistic and config.synthetic_acceptance:
+        raise ValueError("synthetic_acceptance draws verification outcomes, so it cannot be "
+                         "combined with verification='probabilistic'")
+    if speculative and config.synthetic_acceptance:
+        return SyntheticAcceptance(config.synthetic_acceptance, num_slots=num_slots,
+                                   max_depth=max_depth, seed=config.seed)
+    if probabilistic:
+        return RejectionSampling(spec.proposal_support)
+    return ExactMatch(spec.proposal_support if spec.coupled_drafts else 0)
