@@ -128,6 +128,13 @@ class EngineConfig:
     cost_cache_dir: str | None = "auto"
     # Raise if anything compiles while serving: every device step must come from the registry.
     forbid_recompile: bool = True
+    # The steps that sample at a temperature, and those that also filter by top-k / top-p,
+    # are variants of the greedy ones. By default ("none") each compiles the first time a
+    # batch needs it, which stalls that step for the compile (0.3-2 s per bucket on a CPU,
+    # less from the compilation cache). "temperature" compiles the sampling variants at
+    # start-up, "all" the filtering ones too (up to three times the compile work, no stall
+    # while serving). Serving sampled requests from the start, set it.
+    precompile_sampling: str = "none"
     seed: int = 0  # engine-level randomness for requests sampled without their own seed
     show_progress: bool = True  # progress bar while compiling buckets
     # Serving over several devices (engine/sharding.py): a ('data', 'model') jax Mesh of the
@@ -155,6 +162,9 @@ class EngineConfig:
                 raise ValueError(f"the largest row bucket ({buckets[-1]}) must cover "
                                  f"max_num_batched_tokens ({self.max_num_batched_tokens})")
             object.__setattr__(self, "row_buckets", buckets)
+        if self.precompile_sampling not in ("none", "temperature", "all"):
+            raise ValueError(f"precompile_sampling must be 'none', 'temperature' or 'all', got "
+                             f"{self.precompile_sampling!r}")
         if self.synthetic_acceptance not in (None, "chat", "code", "math"):
             raise ValueError(f"synthetic_acceptance must be None, 'chat', 'code' or 'math', got "
                              f"{self.synthetic_acceptance!r}")

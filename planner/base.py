@@ -159,7 +159,15 @@ class BasePlanner:
         the drafting steps' table when the step `drafted` (dispatched a draft run)."""
         if self.refresh_costs and num_requests > 0 and math.isfinite(host_ms) and host_ms > 0:
             table = self.host_draft_costs if drafted else self.host_costs
-            table.update(int(num_requests), float(host_ms))
+            n, ms = int(num_requests), float(host_ms)
+            if table.count(n):
+                # As for the device tables (_refresh): one sample moves its cell at most 2x
+                # toward itself. A host stall (a preemption, a collection, a lazy first run)
+                # would otherwise price a regime far off, and a regime priced far off is never
+                # visited again to be corrected.
+                old = table.estimate(n)
+                ms = min(max(ms, 0.5 * old), 2.0 * old)
+            table.update(n, ms)
 
     def observe_period(self, *, plan: StepPlan, period_ms: float) -> None:
         """The loop's measured wall ms of a decode step (between its read-back and the one

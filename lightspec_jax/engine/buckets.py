@@ -95,6 +95,12 @@ def _compile_counter() -> _CompileCounter:
     return _counter
 
 
+def lazy_compile_events() -> int:
+    """Compile events of registries' lazy compiles so far: a step() during which this moved
+    spent part of its time compiling, not serving."""
+    return _compile_counter().declared
+
+
 def compile_event_count() -> int:
     """JAX trace/compile events so far, less those of declared lazy compiles."""
     counter = _compile_counter()

@@ -30,7 +30,7 @@ from ..metrics import EngineStats, StepRecord
 from ..request import Request, RequestError, RequestOutput
 from ..tokenizer import Tokenizer
 from .intake import make_request
-from .buckets import CompileWatch, powers_of_two, verify_buckets
+from .buckets import CompileWatch, lazy_compile_events, powers_of_two, verify_buckets
 from .costs import CostStore, device_interval_ms
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -160,7 +160,8 @@ class Engine:
         self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=cache_len, max_depth=k,
                                   prefill_buckets=config.buckets, decode_buckets=decode_buckets,
                                   draft_depths=depths, verifier=verifier,
-                                  show_progress=config.show_progress, layout=layout)
+                                  show_progress=config.show_progress, layout=layout,
+                                  precompile_sampling=config.precompile_sampling)
         self.compile_seconds = time.perf_counter() - start
         if verifier.name:
             log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "
@@ -276,7 +277,7 @@ class Engine:
         step in flight with `overlap`), so its outputs are the previous step's. The device ends
         a request at its stop id or allowance by itself, so nothing past the end is emitted.
         """
-        start = time.perf_counter()
+        start, compiled = time.perf_counter(), lazy_compile_events()
         with CompileWatch("Engine.step", enabled=self.config.forbid_recompile):
             touched, self._aborted = self._aborted, []
             flight = None
@@ -284,6 +285,11 @@ class Engine:
                 flight = self._run(self.scheduler.schedule())
             # Host time is priced by whether the step dispatched drafting (planner.base).
             drafted = bool(flight and flight.plan and flight.plan.draft_depth > 0)
+            # A step that dispatched a prefill, or compiled a variant on first use, is no
+            # sample of a decode step's host time or period: a prompt costs the host far more
+            # (on a CPU it computes there), a compile hundreds of ms. One such sample priced
+            # a regime several-fold off, and the planner never went back to correct it.
+            sample = not (flight and flight.prefill_rows)
             if self.config.overlap:
                 flight, self._in_flight = self._in_flight, flight
             event = None
@@ -295,7 +301,9 @@ class Engine:
         self.stats.busy_seconds += elapsed
         self.stats.tokens += sum(len(o.new_token_ids) for o in outputs)
         if event is not None:
-            self._observe(event, host_ms=1e3 * elapsed - wait_ms, drafted=drafted)
+            sample = sample and lazy_compile_events() == compiled
+            self._observe(event, host_ms=1e3 * elapsed - wait_ms, drafted=drafted,
+                          sample=sample)
         return outputs
 
     def generate(self, prompts: Sequence[str | Sequence[int]],
@@ -436,14 +444,17 @@ class Engine:
                     used_rows=int((verified + 1).sum()), draft_depth=plan.draft_depth,
                     accepted=int(accepted.sum()), emitted=int(readback[live, c.emitted].sum()))
 
-    def _observe(self, event: StepEvent, host_ms: float, drafted: bool) -> None:
+    def _observe(self, event: StepEvent, host_ms: float, drafted: bool, sample: bool) -> None:
+        """Records a read-back step; its host time and the loop's period feed the planner only
+        when the step() call that read it did a decode step's work alone (`sample`) and the
+        step read back carried no prefill either."""
         event = dataclasses.replace(event, record=dataclasses.replace(
             event.record, host_ms=host_ms, plan_ms=self._plan_ms))
         self._plan_ms = 0.0
         self.stats.record(event.record)
         record = event.record
         if (self.planner is not None and self.config.refresh_costs and record.num_requests
-                and not record.prefill_rows):
+                and not record.prefill_rows and sample):
             self.planner.observe_host(num_requests=record.num_requests, host_ms=host_ms,
                                       drafted=drafted)
             self._observe_period(event)

@@ -43,9 +43,12 @@ class ModelRunner:
     def __init__(self, target: Qwen3, drafter: Drafter | None, *, num_slots: int,
                  cache_len: int, max_depth: int, prefill_buckets: tuple[int, ...],
                  decode_buckets: tuple[int, ...], draft_depths: tuple[int, ...] = (),
-                 verifier=None, show_progress: bool = True, layout: MeshLayout | None = None):
+                 verifier=None, show_progress: bool = True, layout: MeshLayout | None = None,
+                 precompile_sampling: str = "none"):
         """layout: the shardings over a device mesh (engine/sharding.py); None: one device,
-        and none of the code below places or constrains anything."""
+        and none of the code below places or constrains anything. precompile_sampling: which
+        sampled variants of the prefill and decode steps compile now rather than on first use
+        (EngineConfig.precompile_sampling)."""
         self.num_slots = n = num_slots
         self.max_depth = k = max(max_depth, 1)  # plain decoding keeps a 1-wide empty proposal
         self.cache_len = cache_len
@@ -122,8 +125,10 @@ class ModelRunner:
                                             (self.cache, self.dcache, self.state))
         donate = ("cache", "dcache", "state")
         extra_abs = spec(verifier.empty_inputs(n, k))
-        for mode in SampleMode:  # greedy now, the others when first needed (lazy)
-            lazy = mode is not SampleMode.GREEDY
+        eager = {"none": SampleMode.GREEDY, "temperature": SampleMode.DRAW,
+                 "all": SampleMode.FILTER}[precompile_sampling]
+        for mode in SampleMode:  # greedy now, the others now or when first needed (lazy)
+            lazy = mode > eager
             for t in self.prefill_registry.sizes:
                 self.prefill_registry.define(
                     (t, mode), prefill_fn(mode), t_abs, d_abs, cache_abs, dcache_abs, state_abs,

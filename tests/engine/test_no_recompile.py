@@ -53,3 +53,32 @@ def test_long_mixed_run_compiles_nothing(engine):
     assert compile_event_count() == before
     for registry in registries:
         assert used[registry.name] == set(registry.sizes), registry.name
+
+
+def test_precompiled_sampling_variants_serve_without_a_first_use_compile(hf_checkpoints):
+    """precompile_sampling="all": a batch that samples and filters finds its steps compiled;
+    by default ("none") they compile when first needed, and the config names its choices."""
+    import dataclasses
+
+    from conftest import ENGINE_CONFIG
+
+    from lightspec_jax import Engine, EngineConfig
+    from lightspec_jax.engine.buckets import lazy_compile_events
+
+    directory, _ = hf_checkpoints["untied_sharded"]
+    config = dataclasses.replace(ENGINE_CONFIG, max_num_seqs=2, max_num_batched_tokens=8,
+                                 row_buckets=(8,))
+    params = [SamplingParams(max_tokens=6, temperature=0.9, top_p=0.8, seed=i, ignore_eos=True)
+              for i in range(3)]
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    outputs = {}
+    for mode in ("all", "none"):
+        engine = Engine.from_pretrained(directory, config=dataclasses.replace(
+            config, precompile_sampling=mode))
+        before = lazy_compile_events()
+        outputs[mode] = [o.token_ids for o in engine.generate(prompts, params)]
+        assert (lazy_compile_events() == before) == (mode == "all"), mode
+        del engine
+    assert outputs["all"] == outputs["none"]  # the same executables, compiled earlier
+    with pytest.raises(ValueError, match="precompile_sampling"):
+        EngineConfig(precompile_sampling=True)

@@ -59,3 +59,19 @@ def _outcome(plan, rng, rate: float) -> StepObservation:
     survive = np.cumprod(rng.random((n, max(plan.verified_depth, 1))) < rate, axis=1).sum(axis=1)
     return StepObservation(plan=plan, accept_lens=1 + np.minimum(survive, verified),
                            verify_lens=1 + verified)
+
+
+def test_one_host_stall_moves_a_price_at_most_twofold():
+    """A step() that stalled (a compile, a preemption) must not price its regime far off: the
+    planner would then never visit it again to correct the price. A sustained change still
+    gets there, a factor of 2 per sample at most."""
+    s = PlannerSpec(verify_buckets=(4, 8), draft_depths=(1, 2), max_depth=2, floor=True)
+    p = make_planner("dynamic", s)
+    p.observe_host(num_requests=4, host_ms=2.0)
+    p.observe_host(num_requests=4, host_ms=900.0)  # a stall
+    assert 2.0 < p.host_costs.estimate(4) <= 2.0 * 0.9 + 4.0 * 0.1 + 1e-9
+    for _ in range(60):
+        p.observe_host(num_requests=4, host_ms=40.0)  # a real change
+    assert p.host_costs.estimate(4) == pytest.approx(40.0, rel=0.05)
+    p.observe_host(num_requests=4, host_ms=0.01, drafted=True)  # tables apart; first replaces
+    assert p.host_draft_costs.estimate(4) == pytest.approx(0.01)

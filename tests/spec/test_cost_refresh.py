@@ -53,3 +53,61 @@ def test_refreshed_cells_stay_near_the_sweep(spec_engines):
 def _reference_column(table: dict) -> dict:
     return next(c["rows"] for c in table["columns"]
                 if c["context_len"] == table["reference_context"])
+
+
+def test_host_samples_come_from_decode_work_alone(target_dir, monkeypatch):
+    """The planner prices a step's host time from the loop's samples. A step() that dispatched
+    a prefill, or compiled a sampled variant on its first use, spent hundreds of ms on that:
+    one such sample priced a regime several-fold off (the planner then sat at the floor, or
+    never took it, and never went back to correct the price). No such step may feed the host
+    tables. A fresh engine, so that sampled requests compile their variants lazily here."""
+    from conftest import BASE, make_drafter
+
+    from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
+    from lightspec_jax.checkpoint import load_qwen3
+    from lightspec_jax.engine import buckets
+
+    config = EngineConfig(max_num_seqs=2, verify_buckets=(2, 4),
+                          speculative=SpeculativeConfig(policy="static",
+                                                        num_speculative_tokens=1), **BASE)
+    engine = Engine(load_qwen3(target_dir), config=config,
+                    drafter=make_drafter("copy", target_dir, 0.2), eos_token_ids=(1,))
+    runner, planner = engine.runner, engine.planner
+    tainted = {"now": False, "steps": 0, "samples": 0}
+    for name in ("prefill", "decode"):
+        real = getattr(runner, name)
+
+        def watch(*args, _real=real, _name=name, **kw):
+            compiles = buckets.lazy_compile_events()
+            out = _real(*args, **kw)
+            tainted["now"] |= _name == "prefill" or buckets.lazy_compile_events() != compiles
+            return out
+        monkeypatch.setattr(runner, name, watch)
+    step, observe_host = engine.step, planner.observe_host
+
+    def counted_step():
+        tainted["now"] = False
+        out = step()
+        tainted["steps"] += tainted["now"]
+        return out
+
+    def checked_observe_host(**kw):
+        assert not tainted["now"], "a prefill or compile step fed the host cost tables"
+        tainted["samples"] += 1
+        return observe_host(**kw)
+    monkeypatch.setattr(engine, "step", counted_step)
+    monkeypatch.setattr(planner, "observe_host", checked_observe_host)
+    before = buckets.lazy_compile_events()
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(2, 250, size=6).tolist() for _ in range(4)]
+    # The last request decodes alone for a while: its one-request bucket compiles on first
+    # use in a step with no prefill.
+    lengths = (10, 40, 12, 8)
+    engine.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.8, seed=i,
+                                             ignore_eos=True) for i, n in enumerate(lengths)])
+    # Not vacuous: variants compiled on first use, prefills ran, and clean steps still fed
+    # the tables.
+    assert buckets.lazy_compile_events() > before
+    assert tainted["steps"] >= 2 and tainted["samples"] >= 10
+    host = planner.host_draft_costs
+    assert not host.is_empty and host.estimate(2) < 200.0
