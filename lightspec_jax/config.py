@@ -22,6 +22,9 @@ class Policy(str, enum.Enum):
 
 # Drafting methods SpeculativeConfig.method accepts (None: inferred from the drafter).
 DRAFT_METHODS = (None, "eagle3", "dflash", "draft_lm", "ngram")
+# Rows per tile of the batch-invariant mode (EngineConfig.batch_invariant): a step pads its
+# rows to a multiple of it, so small buckets pay for up to this many rows.
+BATCH_INVARIANT_ROW_TILE = 8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,6 +138,13 @@ class EngineConfig:
     # start-up, "all" the filtering ones too (up to three times the compile work, no stall
     # while serving). Serving sampled requests from the start, set it.
     precompile_sampling: str = "none"
+    # Batch-invariant mode: every row of the target's forward is computed in a fixed order,
+    # BATCH_INVARIANT_ROW_TILE rows at a time (models/layers.over_row_tiles), so a row's logits
+    # do not depend on the batch, its place in it, the verify width or the cache length. Then
+    # greedy bfloat16 output equals a target-only run of any batch shape, speculative included
+    # (float32 needs no such mode on this CPU; see the README's guarantee table). One device
+    # only; costs throughput (BENCHMARKS.md, "Batch-invariant mode").
+    batch_invariant: bool = False
     seed: int = 0  # engine-level randomness for requests sampled without their own seed
     show_progress: bool = True  # progress bar while compiling buckets
     # Serving over several devices (engine/sharding.py): a ('data', 'model') jax Mesh of the
@@ -165,6 +175,8 @@ class EngineConfig:
         if self.precompile_sampling not in ("none", "temperature", "all"):
             raise ValueError(f"precompile_sampling must be 'none', 'temperature' or 'all', got "
                              f"{self.precompile_sampling!r}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be a bool, got {self.batch_invariant!r}")
         if self.synthetic_acceptance not in (None, "chat", "code", "math"):
             raise ValueError(f"synthetic_acceptance must be None, 'chat', 'code' or 'math', got "
                              f"{self.synthetic_acceptance!r}")
@@ -173,6 +185,11 @@ class EngineConfig:
             if not buckets or buckets[0] < 1:
                 raise ValueError(f"verify_buckets must be positive ints, got {self.verify_buckets!r}")
             object.__setattr__(self, "verify_buckets", buckets)
+        if self.batch_invariant and (self.mesh is not None or self.tensor_parallel_size != 1
+                                     or self.data_parallel_size != 1):
+            # Sharded matmuls reduce over devices in an order of the collective's choosing.
+            raise ValueError("batch_invariant=True serves on one device: leave mesh unset and "
+                             "tensor_parallel_size = data_parallel_size = 1")
         self._check_parallelism()
 
     def _check_parallelism(self) -> None:

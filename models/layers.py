@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -41,3 +42,27 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
     """down(silu(x @ gate) * (x @ up)); x [T, H], gate/up [H, I], down [I, H]."""
     return (jax.nn.silu(x @ gate) * (x @ up)) @ down
+
+
+def over_row_tiles(fn, *rows: jax.Array, tile: int | None):
+    """fn applied to `tile` rows at a time: each array in `rows` is [T, ...] on its leading axis,
+    and so is each output of fn. None: fn(*rows), one call over all T rows.
+
+    The batch-invariant mode (EngineConfig.batch_invariant). A matmul's summation order over
+    its contraction depends on how many rows it multiplies (XLA and BLAS pick kernels and
+    splits by shape), so a row's bf16 result can change with the batch around it. Here every
+    call of fn sees the same [tile, ...] shapes, one `lax.map` iteration per tile, so a row's
+    result depends on its own inputs alone, not on T nor its place among the rows. Rows are
+    zero-padded to a multiple of `tile` (callers give padding rows a neutral meaning).
+    """
+    if tile is None:
+        return fn(*rows)
+    t = rows[0].shape[0]
+    pad = -t % tile
+
+    def tiled(x):  # [T, ...] -> [T'/tile, tile, ...]
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+        return x.reshape(-1, tile, *x.shape[1:])
+
+    out = lax.map(lambda xs: fn(*xs), tuple(tiled(x) for x in rows))
+    return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:])[:t], out)

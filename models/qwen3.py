@@ -14,12 +14,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lightspec_jax.pallas_kernels import verify_attention
+from lightspec_jax.pallas_kernels import verify_attention, verify_attention_reference
 
 from .attention import write_kv
 from .config import Qwen3Config
 from .kv_cache import KVCache
-from .layers import apply_rope, rms_norm, rope_cos_sin, swiglu
+from .layers import apply_rope, over_row_tiles, rms_norm, rope_cos_sin, swiglu
 
 LAYER_PARAM_NAMES = ("input_norm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
                      "post_norm", "gate_proj", "up_proj", "down_proj")
@@ -102,21 +102,32 @@ class Qwen3(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, slots: jax.Array, cache: KVCache,
                  *, logits_rows: jax.Array | None = None,
-                 aux_layers: tuple[int, ...] = ()) -> Qwen3Output:
+                 aux_layers: tuple[int, ...] = (), row_tile: int | None = None) -> Qwen3Output:
         """One forward over flat rows.
 
         tokens, positions, slots: [T] int32 (padding rows: slot = N, dropped from the cache).
         logits_rows: optional [R] row indices whose logits are wanted (e.g. the last prompt row).
         aux_layers: static layer ids j; returns the residual stream entering layer j (HF
         `hidden_states[j]`, j = 0 is the embeddings; j = L is the final-norm output, as in HF).
+        row_tile: static; computes every row-wise stage `row_tile` rows at a time
+        (layers.over_row_tiles), so each row's logits are bitwise the same whatever the rows
+        around it: the batch-invariant mode. Attention then reads the cache in fixed blocks
+        with the jnp reference on every backend. None: all rows at once (the default).
         """
         cfg = self.config
         num_layers = cfg.num_layers
         for j in aux_layers:
             if not 0 <= j <= num_layers:
                 raise ValueError(f"aux layer {j} outside [0, {num_layers}] for a {num_layers}-layer model")
+        num_rows = tokens.shape[0]
+        if row_tile is not None:  # whole tiles; padding rows (slot N) write nothing
+            pad = -num_rows % row_tile
+            tokens, positions = jnp.pad(tokens, (0, pad)), jnp.pad(positions, (0, pad))
+            slots = jnp.pad(slots, (0, pad), constant_values=cache.num_slots)
         x = self.embed_tokens(tokens)  # [T, H]
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, x.dtype)  # [T, D]
+        cos, sin = over_row_tiles(  # [T, D] each
+            lambda pos: rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, x.dtype), positions,
+            tile=row_tile)
 
         # Row a of aux_acc collects collected[a]; layers that are not collected write to a
         # spare last row, so the per-layer update is one unconditional dynamic_update_slice.
@@ -130,7 +141,8 @@ class Qwen3(nnx.Module):
             x, ck, cv, aux_acc = carry
             p, layer, aux_slot = xs
             aux_acc = jax.lax.dynamic_update_index_in_dim(aux_acc, x, aux_slot, 0)
-            x, ck, cv = _decoder_layer(cfg, p, layer, x, ck, cv, slots, positions, cos, sin)
+            x, ck, cv = _decoder_layer(cfg, p, layer, x, ck, cv, slots, positions, cos, sin,
+                                       row_tile=row_tile)
             return (x, ck, cv, aux_acc), None
 
         xs = (self.layers.stacked(), jnp.arange(num_layers), jnp.asarray(aux_index, jnp.int32))
@@ -140,29 +152,45 @@ class Qwen3(nnx.Module):
         if aux_layers:
             parts = [rms_norm(x, self.norm[...], cfg.rms_norm_eps) if j == num_layers
                      else aux_acc[collected.index(j)] for j in aux_layers]
-            aux_hidden = jnp.concatenate(parts, axis=-1)  # [T, A*H]
-        rows = x if logits_rows is None else x[logits_rows]
-        return Qwen3Output(self.logits(rows), aux_hidden, KVCache(ck, cv))
+            aux_hidden = jnp.concatenate(parts, axis=-1)[:num_rows]  # [T, A*H]
+        rows = x[:num_rows] if logits_rows is None else x[logits_rows]
+        logits = over_row_tiles(self.logits, rows, tile=row_tile)
+        return Qwen3Output(logits, aux_hidden, KVCache(ck, cv))
 
 
 def _decoder_layer(cfg: Qwen3Config, p: dict[str, jax.Array], layer: jax.Array, x: jax.Array,
                    ck: jax.Array, cv: jax.Array, slots: jax.Array, positions: jax.Array,
-                   cos: jax.Array, sin: jax.Array, visible: jax.Array | None = None):
+                   cos: jax.Array, sin: jax.Array, visible: jax.Array | None = None,
+                   row_tile: int | None = None):
     """One pre-norm block on rows x [T, H]; writes this layer's K/V then attends.
 
     visible: [T] the last cache position each row attends to (default: its own, causal); the
-    DFlash drafter passes its block's last position so the block attends non-causally."""
+    DFlash drafter passes its block's last position so the block attends non-causally.
+    row_tile: see Qwen3.__call__; the K/V of every tile are written before any tile attends,
+    since one request's rows may sit in several tiles."""
     eps = cfg.rms_norm_eps
-    h = rms_norm(x, p["input_norm"], eps)
-    q = jnp.einsum("th,hqd->tqd", h, p["q_proj"])  # [T, Q, D]
-    k = jnp.einsum("th,hgd->tgd", h, p["k_proj"])  # [T, G, D]
-    v = jnp.einsum("th,hgd->tgd", h, p["v_proj"])  # [T, G, D]
-    q = apply_rope(rms_norm(q, p["q_norm"], eps), cos, sin)
-    k = apply_rope(rms_norm(k, p["k_norm"], eps), cos, sin)
+
+    def project(x, cos, sin):  # [T, H], [T, D], [T, D] -> q [T, Q, D], k, v [T, G, D]
+        h = rms_norm(x, p["input_norm"], eps)
+        q = jnp.einsum("th,hqd->tqd", h, p["q_proj"])
+        k = jnp.einsum("th,hgd->tgd", h, p["k_proj"])
+        v = jnp.einsum("th,hgd->tgd", h, p["v_proj"])
+        q = apply_rope(rms_norm(q, p["q_norm"], eps), cos, sin)
+        k = apply_rope(rms_norm(k, p["k_norm"], eps), cos, sin)
+        return q, k, v
+
+    def attend(x, q, slots, seen):  # [T, H], [T, Q, D], [T], [T] -> x [T, H]
+        if row_tile is None:
+            attn = verify_attention(q, ck, cv, slots, seen, layer=layer)  # [T, Q, D]
+        else:  # fixed KV blocks, whatever the cache length: a fixed summation order
+            attn = verify_attention_reference(q, ck, cv, slots, seen, layer=layer,
+                                              fixed_block=True)
+        x = x + jnp.einsum("tqd,qdh->th", attn, p["o_proj"])
+        h = rms_norm(x, p["post_norm"], eps)
+        return x + swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"])
+
+    q, k, v = over_row_tiles(project, x, cos, sin, tile=row_tile)
     ck, cv = write_kv(ck, cv, layer, slots, positions, k, v)
-    attn = verify_attention(q, ck, cv, slots, positions if visible is None else visible,
-                            layer=layer)  # [T, Q, D]
-    x = x + jnp.einsum("tqd,qdh->th", attn, p["o_proj"])
-    h = rms_norm(x, p["post_norm"], eps)
-    x = x + swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"])
+    seen = positions if visible is None else visible
+    x = over_row_tiles(attend, x, q, slots, seen, tile=row_tile)
     return x, ck, cv

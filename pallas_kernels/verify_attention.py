@@ -66,7 +66,7 @@ REFERENCE_LOOP_SCOPE = "verify_attention_reference_blocks"
 
 
 def verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, *, layer=None,
-                               block: int = 128):
+                               block: int = 128, fixed_block: bool = False):
     """Plain-jnp attention, read blockwise with an online softmax (the CPU engine's path).
 
     The cache is read in blocks of ``block`` positions and only up to the largest real row's
@@ -74,13 +74,18 @@ def verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, *, layer=
     own slot's block, so a request's KV is read once per row (the kernel reads it once per
     request). Invisible entries are zeroed before they touch a sum: a stale (even NaN) entry
     past a row's position never leaks into its output.
+
+    fixed_block: read `block` positions at a time even from a shorter cache (clipped and
+    masked), so a row's summation order does not depend on the cache length S; blocks past
+    a row's position leave its sums bitwise unchanged (they add exact zeros), so neither does
+    it depend on the other rows' positions (the batch-invariant mode).
     """
     _check_args(q, k_cache, v_cache, row_slot, row_pos, layer)
     if layer is None:
         k_cache, v_cache, layer = k_cache[None], v_cache[None], 0  # [1, N, S, G, D], free
     num_rows, num_q, head_dim = q.shape
     _, n, s, g, _ = k_cache.shape
-    block = min(block, s)  # need not divide S: positions past the strip are clipped and masked
+    block = block if fixed_block else min(block, s)  # need not divide S: positions past the strip are clipped and masked
     valid = (row_slot >= 0) & (row_slot < n)  # [T]
     slot = jnp.where(valid, row_slot, 0)  # [T]
     # Padding rows see nothing (so they stay finite on any cache) and do not extend the read.

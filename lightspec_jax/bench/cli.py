@@ -165,6 +165,9 @@ def build_parser() -> Parser:
                         "'<policy> prob') or coupled (drafts drawn with the target's own "
                         "noise, exact match; '<policy> coupled'); every speculative policy is "
                         "served once per value given, side by side in the same run")
+    s.add_argument("--batch-invariant", nargs="+", choices=("off", "on"), default=["off"],
+                   help="serve every policy with EngineConfig(batch_invariant=...) off, on "
+                        "(labelled '<policy> inv'), or both side by side in the same run")
     s.add_argument("--ignore-eos", action="store_true",
                    help="generate past EOS up to the length limits")
     s.add_argument("--synthetic", choices=("chat", "code", "math"), default=None,

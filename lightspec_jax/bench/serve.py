@@ -77,7 +77,10 @@ def serve(args) -> dict:
     # args.policies are resolved names ("static:3", "dynamic:7"); depth 0 = plain decoding.
     # Each speculative policy once per verification mode (plain decoding verifies nothing).
     verifications = getattr(args, "verification", None) or ["exact"]
-    policies = [(name, k or 0, v) for name, k in map(parse_policy, args.policies)
+    # ... and once per batch-invariance setting ("<label> inv": EngineConfig.batch_invariant).
+    invariances = [mode == "on" for mode in getattr(args, "batch_invariant", None) or ["off"]]
+    policies = [(name, k or 0, v, inv) for inv in invariances
+                for name, k in map(parse_policy, args.policies)
                 for v in (verifications if k else ["exact"])]
     print("lightspec-bench serve: one engine per (concurrency, policy); compiled buckets and "
           "measured costs are cached on disk, so the first run takes longest", flush=True)
@@ -94,16 +97,17 @@ def serve(args) -> dict:
                   for i, it in enumerate(items)]
         longest = max(len(p) for p in prompts)
         engines = {}
-        for name, depth, verification in policies:
+        for name, depth, verification, invariant in policies:
             label = policy_name(name, depth or None) + {
-                "exact": "", "probabilistic": " prob", "coupled": " coupled"}[verification]
+                "exact": "", "probabilistic": " prob", "coupled": " coupled"}[verification] + (
+                " inv" if invariant else "")
             what = "compiling its buckets" + (", timing them for the planner" if depth else "")
             print(f"[c={c}] building engine {label}: {what}", flush=True)
             start = time.perf_counter()
             engine = build_engine(args, policy=name, depth=depth, concurrency=c,
                                   max_model_len=longest + args.max_tokens + 1,
                                   longest_prompt=longest, synthetic=args.synthetic,
-                                  verification=verification,
+                                  verification=verification, batch_invariant=invariant,
                                   # the timed runs time serving, not first-use compiles
                                   precompile_sampling="temperature" if args.temperature > 0
                                   else "none")
@@ -125,10 +129,11 @@ def serve(args) -> dict:
             print(f"[c={c}] serving, repeat {rep + 1}/{args.repeats}: " + ", ".join(
                 f"{label} {engines[label].tok_s[-1]:.0f}" for label in order) + " tok/s",
                 flush=True)
-        plain = engines.get("none")
         for label, m in engines.items():
             row = m.row(concurrency=c, policy=label, requests=len(prompts))
-            if plain is not None and label != "none" and not args.synthetic \
+            # against plain decoding in the same batch-invariance setting
+            plain = engines.get("none inv" if label.endswith(" inv") else "none")
+            if plain is not None and plain is not m and not args.synthetic \
                     and args.temperature == 0:
                 row["identical_to_none"] = m.token_ids == plain.token_ids
             rows.append(row)

@@ -98,6 +98,7 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
         "drafter": None if drafter is None else [type(drafter).__name__,
                                                   repr(getattr(drafter, "config", None))],
         "dtype": dtype, "slots": runner.num_slots, "cache_len": runner.cache_len,
+        "row_tile": runner.row_tile,
         "decode_buckets": runner.decode_registry.sizes, "depths": depths, "policy": policy,
         "verifier": [runner.verifier.name, type(runner.verifier).__name__,
                      runner.verifier.support, runner.verifier.coupled_support], "device": jax.devices()[0].device_kind,

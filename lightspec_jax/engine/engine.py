@@ -24,7 +24,7 @@ import numpy as np
 
 from lightspec_jax.planner import PlannerSpec, StepObservation, StepPlan, make_planner
 
-from ..config import EngineConfig, Policy, SamplingParams
+from ..config import BATCH_INVARIANT_ROW_TILE, EngineConfig, Policy, SamplingParams
 from ..drafters import Drafter, NgramDrafter
 from ..metrics import EngineStats, StepRecord
 from ..request import Request, RequestError, RequestOutput
@@ -161,7 +161,9 @@ class Engine:
                                   prefill_buckets=config.buckets, decode_buckets=decode_buckets,
                                   draft_depths=depths, verifier=verifier,
                                   show_progress=config.show_progress, layout=layout,
-                                  precompile_sampling=config.precompile_sampling)
+                                  precompile_sampling=config.precompile_sampling,
+                                  row_tile=(BATCH_INVARIANT_ROW_TILE if config.batch_invariant
+                                            else None))
         self.compile_seconds = time.perf_counter() - start
         if verifier.name:
             log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "

@@ -44,14 +44,16 @@ class ModelRunner:
                  cache_len: int, max_depth: int, prefill_buckets: tuple[int, ...],
                  decode_buckets: tuple[int, ...], draft_depths: tuple[int, ...] = (),
                  verifier=None, show_progress: bool = True, layout: MeshLayout | None = None,
-                 precompile_sampling: str = "none"):
+                 precompile_sampling: str = "none", row_tile: int | None = None):
         """layout: the shardings over a device mesh (engine/sharding.py); None: one device,
         and none of the code below places or constrains anything. precompile_sampling: which
         sampled variants of the prefill and decode steps compile now rather than on first use
-        (EngineConfig.precompile_sampling)."""
+        (EngineConfig.precompile_sampling). row_tile: the target's rows per tile in the
+        batch-invariant mode (EngineConfig.batch_invariant); None: untiled."""
         self.num_slots = n = num_slots
         self.max_depth = k = max(max_depth, 1)  # plain decoding keeps a 1-wide empty proposal
         self.cache_len = cache_len
+        self.row_tile = row_tile
         self.drafter = drafter
         self.verifier = verifier or ExactMatch()
         self.columns = Readback(width=k + 1)
@@ -100,13 +102,14 @@ class ModelRunner:
         def prefill_fn(mode):
             def fn(t_leaves, d_leaves, cache, dcache, state, inputs):
                 return step.prefill(merge(t_leaves), drafter, d_leaves, cache, dcache, state,
-                                    inputs, mode=mode)
+                                    inputs, mode=mode, row_tile=row_tile)
             return fn
 
         def decode_fn(rows, mode):
             def fn(t_leaves, d_leaves, cache, dcache, state, extra):
                 return step.decode(merge(t_leaves), drafter, verifier, d_leaves, cache, dcache,
-                                   state, extra, num_rows=rows, mode=mode)
+                                   state, extra, num_rows=rows, mode=mode,
+                                   row_tile=row_tile)
             return fn
 
         def draft_fn(depth):

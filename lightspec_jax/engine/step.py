@@ -37,16 +37,19 @@ from .batch import PrefillInputs, SlotState, pack_readback
 
 
 def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dcache,
-            state: SlotState, inputs: PrefillInputs, *, mode: SampleMode):
+            state: SlotState, inputs: PrefillInputs, *, mode: SampleMode,
+            row_tile: int | None = None):
     """Prompt chunks through the target (and the drafter); each completing prompt samples its
-    first token and its slot turns active (unless that token already ends it).
+    first token and its slot turns active (unless that token already ends it). row_tile: the
+    target's batch-invariant tiling (Qwen3.__call__), None by default.
 
     Returns (cache, dcache, state, first tokens [C]).
     """
     n = state.seq_len.shape[0]
     aux = drafter.aux_layers if drafter is not None else ()
     out = target(inputs.row_token, inputs.row_pos, inputs.row_slot, cache,
-                 logits_rows=inputs.sample_row, aux_layers=aux)  # logits [C, V]
+                 logits_rows=inputs.sample_row, aux_layers=aux,
+                 row_tile=row_tile)  # logits [C, V]
     at = inputs.sample_slot  # [C]; N on padding (scatters drop it)
     slot = jnp.clip(at, 0, n - 1)
     prompt_len = inputs.row_pos[inputs.sample_row] + 1  # [C]: the first token's position
@@ -78,8 +81,10 @@ def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dc
 
 
 def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KVCache, dcache,
-           state: SlotState, extra, *, num_rows: int, mode: SampleMode):
-    """fill -> target over B rows -> verify -> commit -> the drafter's commit.
+           state: SlotState, extra, *, num_rows: int, mode: SampleMode,
+           row_tile: int | None = None):
+    """fill -> target over B rows -> verify -> commit -> the drafter's commit. row_tile: as
+    for `prefill`.
 
     Returns (cache, dcache, state, readback [N, K+1+5] (batch.Readback), verified proposal's
     confidences [N, K]). `state.drafting` marks the slots a following `draft` proposes for.
@@ -97,7 +102,8 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
     row_pos = state.seq_len[slot] + offset  # [B]
 
     aux = drafter.aux_layers if drafter is not None else ()
-    out = target(row_token, row_pos, layout.row_slot, cache, aux_layers=aux)
+    out = target(row_token, row_pos, layout.row_slot, cache, aux_layers=aux,
+                 row_tile=row_tile)
     # Each row's token: the target's own (exact match), or the outcome of its draft's
     # rejection test (probabilistic verification); committed only up to the first miss.
     target_tokens = verifier.row_tokens(out.logits, state, layout, slot, row_pos, mode)  # [B]
