@@ -60,14 +60,14 @@ def test_precompiled_sampling_variants_serve_without_a_first_use_compile(hf_chec
     by default ("none") they compile when first needed, and the config names its choices."""
     import dataclasses
 
-    from conftest import ENGINE_CONFIG
-
     from lightspec_jax import Engine, EngineConfig
     from lightspec_jax.engine.buckets import lazy_compile_events
 
     directory, _ = hf_checkpoints["untied_sharded"]
-    config = dataclasses.replace(ENGINE_CONFIG, max_num_seqs=2, max_num_batched_tokens=8,
-                                 row_buckets=(8,))
+    # (not conftest's ENGINE_CONFIG: in a whole-suite run `conftest` may name another dir's)
+    config = EngineConfig(max_num_seqs=2, max_model_len=96, dtype="float32",
+                          max_num_batched_tokens=8, row_buckets=(8,), compilation_cache_dir=None,
+                          show_progress=False)
     params = [SamplingParams(max_tokens=6, temperature=0.9, top_p=0.8, seed=i, ignore_eos=True)
               for i in range(3)]
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
