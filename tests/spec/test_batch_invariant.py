@@ -41,18 +41,18 @@ def target():
 def engines():
     built = {}
 
-    def get(name, invariant=True):
-        if (name, invariant) not in built:
+    def get(name):
+        if name not in built:
             slots, policy, k, buckets = ENGINES[name]
             config = EngineConfig(max_num_seqs=slots, verify_buckets=buckets,
                                   speculative=SpeculativeConfig(policy=policy,
                                                                 num_speculative_tokens=k),
-                                  **{**BASE, "batch_invariant": invariant})
+                                  **BASE)
             # The target's own copy, a fifth of its tokens corrupted: long accepted spans and
             # rejections, so verify widths vary from step to step.
             drafter = DraftLMDrafter(target(), corrupt_rate=0.2, seed=7) if k else None
-            built[name, invariant] = Engine(target(), config=config, drafter=drafter)
-        return built[name, invariant]
+            built[name] = Engine(target(), config=config, drafter=drafter)
+        return built[name]
     return get
 
 
