@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 class StepCalibration:
     """log(measured / predicted) step time, per (bucket, depth) cell and per regime."""
@@ -69,14 +71,26 @@ class StepCalibration:
 
     def scale(self, bucket: int, depth: int, step: int) -> float:
         """Factor on the modelled wall ms of a step verifying `bucket` rows with drafting of
-        `depth` (0: the floor)."""
-        regime = self._shrunk(depth > 0, step)
-        cell = self._cells.get((int(bucket), int(depth)))
-        log_ratio = regime
-        if cell is not None:
+        `depth` (0: the floor): the cell's mean log ratio blended with its regime's by the
+        cell's sample count, clipped to the bounds."""
+        return float(self.grid([bucket], [depth], step)[0, 0])
+
+    def grid(self, buckets, depths, step: int) -> np.ndarray:
+        """[D, C] `scale` of every (depth, bucket) pair at once: each regime's value, then the
+        few measured cells patched in (plan() prices a whole grid per decision; a Python call
+        per cell was most of its host time at c = 1)."""
+        buckets, depths = [int(b) for b in buckets], [int(d) for d in depths]
+        regime = {False: self._shrunk(False, step), True: self._shrunk(True, step)}
+        log_ratio = np.array([[regime[d > 0]] * len(buckets) for d in depths], float)
+        col = {b: j for j, b in enumerate(buckets)}
+        row = {d: i for i, d in enumerate(depths)}
+        for key, cell in self._cells.items():
+            if not isinstance(key, tuple) or key[0] not in col or key[1] not in row:
+                continue
+            i, j = row[key[1]], col[key[0]]
             w = cell[1] / (cell[1] + self.cell_prior)
-            log_ratio = w * self._mean((int(bucket), int(depth)), step) + (1.0 - w) * regime
-        return math.exp(min(max(log_ratio, self.lo), self.hi))
+            log_ratio[i, j] = w * self._mean(key, step) + (1.0 - w) * log_ratio[i, j]
+        return np.exp(np.clip(log_ratio, self.lo, self.hi))
 
     def samples(self, bucket: int, depth: int) -> int:
         """Periods seen in a (bucket, depth) cell."""

@@ -114,10 +114,16 @@ class StepCosts:
             stage[0] = 0.0
         host = 0.0
         if host_costs is not None and not host_costs.is_empty and num_requests > 0:
-            host = host_costs.estimate(num_requests)
+            host = _host_ms(host_costs, num_requests)
         host_draft = None
         if host_draft_costs is not None and not host_draft_costs.is_empty and num_requests > 0:
-            host_draft = host_draft_costs.estimate(num_requests)
+            host_draft = _host_ms(host_draft_costs, num_requests)
+            if host > 0.0:
+                # A floor step's host work is a drafting step's minus the draft dispatch, so
+                # it never costs more. The floor is visited rarely (nothing probes it), and one
+                # slow step() priced it several-fold over drafting for a whole run (math,
+                # c=64: 9.9 ms against 2.7).
+                host = min(host, host_draft)
         return cls(target_by_bucket=dict(zip(buckets, t.tolist())),
                    draft_by_bucket=dict(zip(buckets, dr.tolist())),
                    draft_tail=draft.estimate(max(tail_rows, 1), context_len),
@@ -158,6 +164,14 @@ class StepCosts:
         tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])  # [D]
         return self.wall(verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0),
                          drafts)
+
+
+def _host_ms(table: CostTable, num_requests: int) -> float:
+    """A host table's ms for N requests, flat past the largest N measured. A device forward
+    over more rows than any measured costs proportionally more (CostTable.estimate), but a
+    step's host work is mostly per step: scaled up from the first small batches of a run
+    (one cell at N=12, read at N=64), the floor was priced at 20 ms of host time."""
+    return table.estimate(min(num_requests, table.rows[-1]))
 
 
 def draft_forwards(spec: PlannerSpec, *, num_requests: int, verify_rows: int, depth: int,

@@ -97,3 +97,18 @@ def test_a_close_rival_gets_visited_and_wins_when_it_measures_cheaper():
     assert _serve(cheap2, rate=0.95, explore=0.0, steps=200)[-1] == 3  # never visits
     depths = _serve(cheap2, rate=0.95, explore=0.02, steps=200)
     assert depths[-20:].count(2) >= 15
+
+
+def test_the_grid_is_scale_at_every_cell():
+    """grid() prices a whole [depth, bucket] grid at once; each entry is that cell's scale()."""
+    rng = np.random.default_rng(0)
+    cal = StepCalibration()
+    for step in range(60):
+        cal.observe(bucket=int(rng.choice([4, 8, 16])), depth=int(rng.integers(0, 4)),
+                    predicted_ms=10.0, measured_ms=float(rng.uniform(5, 20)), step=step)
+    buckets, depths = [4, 8, 16, 32], [0, 1, 2, 3, 5]
+    grid = cal.grid(buckets, depths, 80)
+    assert grid.shape == (5, 4)
+    singles = [[cal.scale(b, d, 80) for b in buckets] for d in depths]
+    np.testing.assert_allclose(grid, singles, rtol=1e-12)
+    assert len({round(v, 9) for v in grid.ravel()}) > 4  # cells differ: not one common value

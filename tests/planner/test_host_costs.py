@@ -75,3 +75,54 @@ def test_one_host_stall_moves_a_price_at_most_twofold():
     assert p.host_costs.estimate(4) == pytest.approx(40.0, rel=0.05)
     p.observe_host(num_requests=4, host_ms=0.01, drafted=True)  # tables apart; first replaces
     assert p.host_draft_costs.estimate(4) == pytest.approx(0.01)
+
+
+def test_the_floor_never_pays_more_host_time_than_drafting():
+    """A floor step does a drafting step's host work minus the draft dispatch: however its own
+    (rarely refreshed) host cell was measured, it is priced at most at drafting's host time."""
+    s = PlannerSpec(verify_buckets=(4, 8), draft_depths=(1, 2), max_depth=2, floor=True)
+    target, draft = CostTable({4: 5.0, 8: 9.0}), CostTable({4: 0.5, 8: 0.5})
+    for host, host_draft, floor_host in ((10.0, 2.5, 2.5), (1.0, 2.5, 1.0)):
+        costs = StepCosts.price(s, target, draft, num_requests=4, context_len=None,
+                                overlap=False, host_costs=CostTable({4: host}),
+                                host_draft_costs=CostTable({4: host_draft}))
+        grid = costs.step_ms_grid(np.array([4]), np.array([0, 1]))
+        assert grid[0, 0] == pytest.approx(5.0 + floor_host)
+        assert grid[1, 0] == pytest.approx(5.0 + 0.5 + host_draft)
+
+
+def test_host_time_is_flat_past_the_largest_batch_measured():
+    """A step's host work is mostly per step: a price measured on a small batch is not scaled
+    up in proportion to a larger one (as a device forward over more rows is)."""
+    s = PlannerSpec(verify_buckets=(16, 64), draft_depths=(1,), max_depth=1, floor=True)
+    target, draft = CostTable({16: 5.0, 64: 9.0}), CostTable({16: 0.5, 64: 0.5})
+    costs = StepCosts.price(s, target, draft, num_requests=64, context_len=None,
+                            overlap=False, host_costs=CostTable({12: 2.0}),
+                            host_draft_costs=CostTable({12: 3.0}))
+    assert costs.host_ms == pytest.approx(2.0) and costs.host_draft_ms == pytest.approx(3.0)
+
+
+def _depth_while_filling(joining: int) -> int:
+    """A planner whose steps carry a large fixed cost (4 ms) and 0.2 ms per row: a batch of 4
+    alone amortises the fixed cost best by drafting deep, a batch of 64 spends it on its own
+    rows already. Returns the depth it plans for 4 requests with `joining` more on the way."""
+    buckets = tuple(range(4, 257, 4))
+    s = PlannerSpec(verify_buckets=buckets, draft_depths=(1, 2, 3), max_depth=3, floor=True)
+    p = make_planner("dynamic", s, target_costs=CostTable({b: 4.0 + 0.2 * b for b in buckets}),
+                     draft_costs=CostTable({b: 0.05 for b in buckets}),
+                     depth_costs=CostTable({1: 0.2, 2: 0.4, 3: 0.6}), overlap=False,
+                     explore_fraction=0.0, replan_every=1)
+    rng = np.random.default_rng(0)
+    p.plan(num_requests=4)
+    for _ in range(40):
+        plan = p.plan(num_requests=4)
+        p.observe(_outcome(plan, rng, 0.6))
+    return p.plan(num_requests=4, joining=joining).draft_depth
+
+
+def test_a_filling_batch_prices_tokens_at_the_full_batchs_rate():
+    """While requests join (their prompts prefill), a token decoded by the small batch now is
+    worth what the full batch will pay for it; the small batch alone would draft deep."""
+    alone, filling = _depth_while_filling(0), _depth_while_filling(60)
+    assert alone >= 2
+    assert filling < alone
