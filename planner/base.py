@@ -65,7 +65,6 @@ class BasePlanner:
         self._priced: tuple | None = None  # (key, StepCosts, context, plan call) of the last
         self._room: np.ndarray | None = None  # [N] draft rows each request may still use
         self._classes: np.ndarray | None = None  # [N] sampling classes of the planned batch
-        self._joining = 0  # requests about to join the planned batch
         self.steps = 0  # plan() calls so far
         self._depth = 0  # depth of the proposal the next step verifies (0: none yet)
         self._context: float | None = None  # last batch context seen
@@ -78,7 +77,7 @@ class BasePlanner:
     def plan(self, *, num_requests: int, num_with_proposal: int | None = None,
              confidences: np.ndarray | None = None, context_len: float | None = None,
              proposal_depth: int | None = None, remaining: np.ndarray | None = None,
-             sampling_classes: np.ndarray | None = None, joining: int = 0) -> StepPlan:
+             sampling_classes: np.ndarray | None = None) -> StepPlan:
         """Choose this step's verify bucket and the next draft depth.
 
         num_requests: N, requests in the step (0 <= N <= largest verify bucket).
@@ -94,9 +93,6 @@ class BasePlanner:
           remaining - 1, and the next proposal none beyond remaining - 2.
         sampling_classes: [N] small ints, requests that sample alike (greedy, a temperature
           band) share a class; statistics are kept per class (stats.AcceptanceStats).
-        joining: requests about to join the batch (prompts being prefilled, queued requests
-          with a free slot): while the batch fills, a token decoded now is worth what it
-          would cost once they are in (LightSpecPlanner).
         """
         n = _as_count("num_requests", num_requests)
         m = n if num_with_proposal is None else _as_count("num_with_proposal", num_with_proposal)
@@ -119,7 +115,6 @@ class BasePlanner:
             raise ValueError(f"sampling_classes must be [N] = ({n},), got shape "
                              f"{np.shape(sampling_classes)}")
         self._classes = sampling_classes
-        self._joining = _as_count("joining", joining)
         self._room = None
         if remaining is not None:
             rem = np.asarray(remaining)

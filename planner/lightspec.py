@@ -21,10 +21,7 @@ are kept per sampling class and follow the batch's acceptance level (stats.py, l
 host time is priced apart for drafting steps; and both stages choose at calibrated prices:
 the model's step ms times what the loop's measured periods say that (bucket, depth) cell and
 its regime really cost (calibration.py), with an occasional visit to a close, unmeasured
-rival depth so that the calibration can compare it (`_rival`). While requests join the batch
-(their prompts prefilling), a step is chosen at least ms net of its tokens, each valued at
-the ms per token of the batch they complete (`_token_value`): the small early batch's own
-per-token price undervalues the full batch's cheaper tokens.
+rival depth so that the calibration can compare it (`_rival`).
 
 Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
 planner trims or drafts shallow, deeper positions are verified only for confident requests or
@@ -124,7 +121,6 @@ class LightSpecPlanner(BasePlanner):
         self._scale_cache: tuple | None = None  # (key, [D, C] calibration factors)
         self._last_rival_step = 0
         self._by_depth: tuple = ((), (), [])  # stage 2's prices by depth (for _rival)
-        self._value_cache: tuple | None = None  # (key, ms per token) of _token_value
 
     # ---- planning --------------------------------------------------------------------------
 
@@ -137,7 +133,7 @@ class LightSpecPlanner(BasePlanner):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
                               depth=self._cold_depth(), reason="cold")
         probing = self._probe_depth > 0 and d_prev >= self._probe_depth and m == n
-        key = (n, m, d_prev, available, self.stats.batch_version, self._joining)
+        key = (n, m, d_prev, available, self.stats.batch_version)
         if (not probing and self._probe_depth == 0 and self._decided is not None
                 and self._decided[0] == key
                 and self.steps - self._decided[1] < self.options.replan_every):
@@ -147,20 +143,18 @@ class LightSpecPlanner(BasePlanner):
             return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason="plan",
                               predicted_ms=step_ms, predicted_tokens=tokens)
         costs = self._costs(n)
-        value = self._token_value(n) if self._joining else None
-        fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=probing,
-                                               value=value)
+        fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=probing)
         reason = "probe" if probing else "plan"
         if probing:
             self._probe_depth = 0
             self._last_probe_step = self.steps
-        depth, best_j = self._next_depth(costs, n, value)
-        if self._probe_depth == 0 and value is None:  # no exploration while the batch fills
+        depth, best_j = self._next_depth(costs, n)
+        if self._probe_depth == 0:
             self._probe_depth = self._maybe_probe(costs, n, depth, best_j)
         rival = None
         if self._probe_depth > 0:
             depth = self._probe_depth
-        elif value is None:
+        else:
             rival = self._rival(depth, best_j)
             depth = depth if rival is None else rival
         if probing:
@@ -211,15 +205,13 @@ class LightSpecPlanner(BasePlanner):
         return u, buckets, costs.step_ms(buckets, depth), tokens
 
     def _evaluate(self, costs: StepCosts, n: int, available: int, depth: int,
-                  full: bool = False, value: float | None = None) -> tuple[int, float, float]:
-        """Stage 1: the u with the lowest ms per token (or the full width for a probe); while
-        the batch fills, the lowest ms less its tokens at `value` ms each (_token_value)."""
+                  full: bool = False) -> tuple[int, float, float]:
+        """Stage 1: the u with the lowest ms per token (or the full width for a probe)."""
         u, buckets, step_ms, tokens = self._objective(costs, n, available, depth, self._room)
         if full:
             i = len(u) - 1
         else:  # chosen at the calibrated price; predicted_ms stays the model's (calibration.py)
-            i = first_best(_price(step_ms * self._scales(buckets, np.array([depth]))[0],
-                                  tokens, value))
+            i = first_best(step_ms * self._scales(buckets, np.array([depth]))[0] / tokens)
         return int(u[i]), float(step_ms[i]), float(tokens[i])
 
     def _next_room(self) -> np.ndarray | None:
@@ -227,38 +219,16 @@ class LightSpecPlanner(BasePlanner):
         one of its remaining tokens, and the next one's bonus another."""
         return None if self._room is None else np.maximum(self._room - 1, 0)
 
-    def _next_depth(self, costs: StepCosts, n: int,
-                    value: float | None = None) -> tuple[int, float]:
-        """Stage 2: the depth whose best full-proposal configuration costs least per token
-        (while the batch fills: least ms less its tokens at `value` each).
+    def _next_depth(self, costs: StepCosts, n: int) -> tuple[int, float]:
+        """Stage 2: the depth whose best full-proposal configuration costs least per token.
 
-        The floor also forfeits the next step's proposal (and what it would teach), so in
-        steady state it is taken only when it beats the best speculative depth by
-        `floor_margin`."""
-        depths, best_buckets, best_by_depth = self._depth_prices(costs, n, self._next_room(),
-                                                                 value)
-        best_depth, best_j = int(depths[0]), math.inf
-        for depth, price in zip(depths.tolist(), best_by_depth):
-            # ties (to rounding) keep the smaller depth; prices net of tokens may be negative
-            if not math.isfinite(best_j) or price < best_j - 1e-12 * abs(best_j):
-                best_depth, best_j = depth, price
-        if value is None and best_depth == 0 and len(depths) > 1:
-            spec_depth = 1 + int(np.argmin(best_by_depth[1:]))
-            if best_by_depth[0] >= (1.0 - self.options.floor_margin) * best_by_depth[spec_depth]:
-                best_depth, best_j = int(depths[spec_depth]), best_by_depth[spec_depth]
-        if value is None:
-            self._by_depth = (depths, best_buckets, best_by_depth)  # for _rival
-        return best_depth, best_j
-
-    def _depth_prices(self, costs: StepCosts, n: int, room: np.ndarray | None,
-                      value: float | None) -> tuple[np.ndarray, np.ndarray, list]:
-        """Every allowed depth d at once (0, the floor, when the engine offers it): a [D, C]
-        grid of candidates u (the buckets from N's up to the one holding the full width, as
+        Every allowed depth d at once (0, the floor, when the engine offers it): a [D, C] grid
+        of candidates u (the buckets from N's up to the one holding the full width, as
         candidate_rows gives them), priced and filled in one pass - plan() runs on the host
-        every step, and its time is part of the step's. Returns [D] depths, [D] each depth's
-        best bucket and [D] its price (`_price`)."""
+        every step, and its time is part of the step's."""
         depths = np.asarray(self.spec.choices)  # [D]
         buckets = np.asarray(self.spec.verify_buckets)  # [all buckets]
+        room = self._next_room()
         full = np.minimum([full_rows(n, int(d), room) for d in depths.tolist()],
                           self.spec.max_requests)  # [D]
         lo = int(np.searchsorted(buckets, n, side="left"))
@@ -269,34 +239,21 @@ class LightSpecPlanner(BasePlanner):
         progress = self.stats.progress_grid(n, u, depths, now=self.steps, room=room)  # [D, C]
         tokens = np.clip(u * progress, n, full[:, None])
         step_ms = costs.step_ms_grid(buckets[cols], depths) * self._scales(buckets[cols], depths)
-        j = np.where(valid, _price(step_ms, tokens, value), np.inf)
-        return depths, buckets[cols][np.argmin(j, axis=1)], j.min(axis=1).tolist()
-
-    def _token_value(self, n: int) -> float:
-        """While requests join the batch (their prompts prefilling), the ms per token the
-        batch of N + joining requests will decode at: what a token decoded now saves later.
-
-        Per-step ms per token treats each step as the steady state. While the batch fills,
-        the steps are there anyway (the prompts set their number), and a token decoded now
-        by a small batch is one fewer for the full batch to decode at its own price, so a
-        step should cost least net of its tokens at that price: min ms - value * tokens.
-        When no one joins, value is this batch's own best ms per token and that minimum is
-        the per-token optimum (Dinkelbach's parametric form of a ratio objective), so the
-        rule only differs while the batch fills. On this CPU at c=64 it stops small early
-        batches from drafting deep over wide buckets beside the prompts' prefill (math: the
-        planner drafted to depth 6 over 96 rows for 20 requests there)."""
-        size = min(n + self._joining, self.spec.max_requests)
-        key = (size, self.steps // 8, self.calibration.version // 8)
-        if self._value_cache is not None and self._value_cache[0] == key:
-            return self._value_cache[1]
-        context = None if self._context is None else self._context * size / max(n, 1)
-        costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
-                                num_requests=size, context_len=context,
-                                depth_costs=self.depth_costs, host_costs=self.host_costs,
-                                host_draft_costs=self.host_draft_costs, overlap=self.overlap)
-        value = min(self._depth_prices(costs, size, None, None)[2])
-        self._value_cache = (key, value)
-        return value
+        j = np.where(valid, step_ms / tokens, np.inf)
+        best_by_depth = j.min(axis=1).tolist()  # [D]
+        best_depth, best_j = int(depths[0]), math.inf
+        for depth, value in zip(depths.tolist(), best_by_depth):
+            if value < best_j * (1.0 - 1e-12):  # ties (to rounding) keep the smaller depth
+                best_depth, best_j = depth, value
+        if best_depth == 0 and len(depths) > 1:
+            # The floor also forfeits the next step's proposal (and what it would teach):
+            # take it only when it is clearly cheaper than the best speculative choice.
+            spec_depth = 1 + int(np.argmin(best_by_depth[1:]))
+            if best_by_depth[0] >= (1.0 - self.options.floor_margin) * best_by_depth[spec_depth]:
+                best_depth, best_j = int(depths[spec_depth]), best_by_depth[spec_depth]
+        # [D] each depth's best price and its bucket, for _rival
+        self._by_depth = (depths, buckets[cols][np.argmin(j, axis=1)], best_by_depth)
+        return best_depth, best_j
 
     def _rival(self, best_depth: int, best_j: float) -> int | None:
         """A depth to visit instead of the best, so the whole-step calibration measures it:
@@ -355,9 +312,3 @@ class LightSpecPlanner(BasePlanner):
                           depth=sample.depth, accept_lens=sample.accept_lens,
                           verify_lens=sample.verify_lens, step=self.steps,
                           full_width=sample.full_width, classes=sample.classes)
-
-
-def _price(step_ms: np.ndarray, tokens: np.ndarray, value: float | None) -> np.ndarray:
-    """What the planner minimises: ms per committed token, or, while the batch fills, ms less
-    the committed tokens at `value` ms each (LightSpecPlanner._token_value)."""
-    return step_ms / tokens if value is None else step_ms - value * tokens

@@ -380,7 +380,7 @@ class Engine:
         remaining = np.maximum(self.scheduler.remaining[decoding] - lag, 1)
         return self.planner.plan(num_requests=n, num_with_proposal=batch.num_with_proposal,
                                  confidences=confidences, context_len=batch.context_len,
-                                 remaining=remaining, joining=self.scheduler.joining(),
+                                 remaining=remaining,
                                  sampling_classes=self.scheduler.acceptance_class[decoding])
 
     def _postprocess(self, flight: _InFlight):

@@ -122,11 +122,6 @@ class Scheduler:
                              num_with_proposal=int((decoding & self.has_proposal).sum()),
                              context_len=int(self.total_len[decoding].sum()))
 
-    def joining(self) -> int:
-        """Requests about to decode beside the current ones: admitted with prompt rows left to
-        prefill, and queued ones that have a free slot waiting (the planner's `joining`)."""
-        return len(self.prefilling) + min(len(self.waiting), len(self._free_slots))
-
     def dispatched_decode(self, depth: int) -> None:
         """Every decoding slot holds a proposal after a decode step that drafts."""
         self.has_proposal[self.decoding] = depth > 0

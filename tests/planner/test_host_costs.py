@@ -100,29 +100,3 @@ def test_host_time_is_flat_past_the_largest_batch_measured():
                             overlap=False, host_costs=CostTable({12: 2.0}),
                             host_draft_costs=CostTable({12: 3.0}))
     assert costs.host_ms == pytest.approx(2.0) and costs.host_draft_ms == pytest.approx(3.0)
-
-
-def _depth_while_filling(joining: int) -> int:
-    """A planner whose steps carry a large fixed cost (4 ms) and 0.2 ms per row: a batch of 4
-    alone amortises the fixed cost best by drafting deep, a batch of 64 spends it on its own
-    rows already. Returns the depth it plans for 4 requests with `joining` more on the way."""
-    buckets = tuple(range(4, 257, 4))
-    s = PlannerSpec(verify_buckets=buckets, draft_depths=(1, 2, 3), max_depth=3, floor=True)
-    p = make_planner("dynamic", s, target_costs=CostTable({b: 4.0 + 0.2 * b for b in buckets}),
-                     draft_costs=CostTable({b: 0.05 for b in buckets}),
-                     depth_costs=CostTable({1: 0.2, 2: 0.4, 3: 0.6}), overlap=False,
-                     explore_fraction=0.0, replan_every=1)
-    rng = np.random.default_rng(0)
-    p.plan(num_requests=4)
-    for _ in range(40):
-        plan = p.plan(num_requests=4)
-        p.observe(_outcome(plan, rng, 0.6))
-    return p.plan(num_requests=4, joining=joining).draft_depth
-
-
-def test_a_filling_batch_prices_tokens_at_the_full_batchs_rate():
-    """While requests join (their prompts prefill), a token decoded by the small batch now is
-    worth what the full batch will pay for it; the small batch alone would draft deep."""
-    alone, filling = _depth_while_filling(0), _depth_while_filling(60)
-    assert alone >= 2
-    assert filling < alone

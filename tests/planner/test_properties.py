@@ -87,9 +87,8 @@ def test_plan_is_always_a_runnable_bucket_and_depth(setup):
         if conf is not None and n:
             conf[rng.random(conf.shape) < 0.1] = np.nan
         remaining = rng.integers(1, 2 * spec.max_depth + 2, size=n) if ends else None
-        joining = int(rng.integers(0, 3)) * n  # 0: steady state; else the batch is filling
         plan = planner.plan(num_requests=n, num_with_proposal=m, confidences=conf,
-                            context_len=context, remaining=remaining, joining=joining)
+                            context_len=context, remaining=remaining)
         check(spec, plan, n, m, d_prev, remaining)
         event(plan.reason)
         if pending is not None:  # overlap: observe the previous step after this plan
