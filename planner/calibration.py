@@ -76,9 +76,8 @@ class StepCalibration:
         return float(self.grid([bucket], [depth], step)[0, 0])
 
     def grid(self, buckets, depths, step: int) -> np.ndarray:
-        """[D, C] `scale` of every (depth, bucket) pair at once: each regime's value, then the
-        few measured cells patched in (plan() prices a whole grid per decision; a Python call
-        per cell was most of its host time at c = 1)."""
+        """[D, C] `scale` of every (depth, bucket) pair at once, as plan() prices them: each
+        regime's value, then the few measured cells patched in."""
         buckets, depths = [int(b) for b in buckets], [int(d) for d in depths]
         regime = {False: self._shrunk(False, step), True: self._shrunk(True, step)}
         log_ratio = np.array([[regime[d > 0]] * len(buckets) for d in depths], float)
