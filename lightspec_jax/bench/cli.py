@@ -115,13 +115,19 @@ def build_parser() -> Parser:
                             "(default: the shipped tiny pair's, lightspec_jax/assets/tiny-pair/"
                             "target)")
         if drafter:
-            p.add_argument("--drafter", default=pair.drafter, metavar="DIR",
+            many = p.prog.endswith("serve")
+            p.add_argument("--drafter", default=[pair.drafter] if many else pair.drafter,
+                           metavar="DIR", nargs="+" if many else None,
                            help="drafter for the target: an Eagle3 drafter (Hugging Face layout, "
-                                "EAGLE/SpecForge or speculators) or a draft LM (a small Qwen3 "
-                                "sharing the target's vocabulary, e.g. lightspec_jax/assets/"
-                                "tiny-pair/draft-lm); its config.json tells which; or 'ngram' "
-                                "for prompt lookup in each request's own tokens, no model "
-                                "(default: the shipped tiny pair's Eagle3 drafter)")
+                                "EAGLE/SpecForge or speculators), a DFlash or DSpark block "
+                                "drafter, or a draft LM (a small Qwen3 sharing the target's "
+                                "vocabulary, e.g. lightspec_jax/assets/tiny-pair/draft-lm); its "
+                                "config.json tells which; or 'ngram' for prompt lookup in each "
+                                "request's own tokens, no model"
+                                + ("; several: every speculative policy is served once per "
+                                   "drafter, side by side, labelled '<policy> @<drafter>'"
+                                   if many else "")
+                                + " (default: the shipped tiny pair's Eagle3 drafter)")
         p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                        help="parameter and activation dtype; auto = float32 on a CPU (where "
                             "bfloat16 runs 4-60x slower), bfloat16 on a GPU or TPU")
@@ -225,7 +231,9 @@ def settings(args) -> dict:
     """Every option as given (paths absolute), for the JSON."""
     out = {k: v for k, v in vars(args).items() if k != "command"}
     for key in ("target", "drafter", "out"):
-        if out.get(key) and out[key] != "ngram":
+        if isinstance(out.get(key), list):
+            out[key] = [p if p == "ngram" else os.path.abspath(p) for p in out[key]]
+        elif out.get(key) and out[key] != "ngram":
             out[key] = os.path.abspath(out[key])
     return out
 
@@ -284,10 +292,11 @@ def main(argv: list[str] | None = None) -> int:
 def _check(args, parser: Parser) -> None:
     """Errors argparse cannot express, reported as usage errors of the subcommand."""
     for what in ("target", "drafter"):
-        path = getattr(args, what, None)
-        if path is not None and not os.path.isdir(path) and not (
-                what == "drafter" and path == "ngram"):
-            parser.error(f"--{what} {path!r} is not a directory")
+        paths = getattr(args, what, None)
+        for path in paths if isinstance(paths, list) else [paths]:
+            if path is not None and not os.path.isdir(path) and not (
+                    what == "drafter" and path == "ngram"):
+                parser.error(f"--{what} {path!r} is not a directory")
     for what in ("concurrency", "repeats", "num_prompts", "max_tokens", "max_num_seqs",
                  "max_prompt_len", "context"):
         values = getattr(args, what, None)

@@ -89,12 +89,14 @@ def interpret(rows: list[dict]) -> list[str]:
     for c in dict.fromkeys(r["concurrency"] for r in rows):
         cell = [r for r in rows if r["concurrency"] == c]
         plain = next((r for r in cell if r["policy"] == "none"), None)
-        fixed = max((r for r in cell if r["policy"].startswith("static")),
-                    key=lambda r: r["tok_s"], default=None)
         fastest = max(cell, key=lambda r: r["tok_s"])
         adaptive = [r for r in cell if r["policy"].split(":")[0] in ("dynamic", "dspark")]
         parts = []
         for r in adaptive or [fastest]:
+            # the best fixed K with the same drafter (rows of one drafter, or no drafter tag)
+            fixed = max((x for x in cell if x["policy"].startswith("static")
+                         and x.get("drafter") == r.get("drafter")),
+                        key=lambda x: x["tok_s"], default=None)
             ratios = []
             if plain and r is not plain:
                 ratios.append(f"{r['tok_s'] / plain['tok_s']:.2f}x plain")

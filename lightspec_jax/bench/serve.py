@@ -26,11 +26,14 @@ def auto_num_prompts(concurrency: int) -> int:
 
 def build_engine(args, *, policy: str, depth: int, concurrency: int, max_model_len: int,
                  longest_prompt: int, synthetic: str | None = None,
-                 verification: str = "exact", **config):
+                 verification: str = "exact", drafter: str | None = None, **config):
+    """One engine for a (policy, depth) cell; `drafter` defaults to args.drafter (a
+    directory or "ngram")."""
     from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
     from lightspec_jax.engine.buckets import concurrency_buckets
 
-    ngram = args.drafter == "ngram"
+    drafter = drafter or (args.drafter[0] if isinstance(args.drafter, list) else args.drafter)
+    ngram = drafter == "ngram"
     spec = (SpeculativeConfig() if policy == "none" else
             SpeculativeConfig(policy=policy, num_speculative_tokens=depth,
                               method="ngram" if ngram else None,
@@ -46,7 +49,18 @@ def build_engine(args, *, policy: str, depth: int, concurrency: int, max_model_l
                           synthetic_acceptance=synthetic if depth else None,
                           show_progress=True, **config)
     return Engine.from_pretrained(args.target, None if policy == "none" or ngram
-                                  else args.drafter, config=config)
+                                  else drafter, config=config)
+
+
+def drafter_tags(drafters: list[str]) -> dict[str, str]:
+    """A short name per drafter for labels: its kind (eagle3, draft_lm, dflash, dspark,
+    ngram), or its directory's name where two share a kind."""
+    from lightspec_jax.checkpoint import drafter_kind
+
+    kinds = {d: "ngram" if d == "ngram" else drafter_kind(d) for d in drafters}
+    clash = {k for k in kinds.values() if list(kinds.values()).count(k) > 1}
+    return {d: os.path.basename(os.path.normpath(d)) if k in clash else k
+            for d, k in kinds.items()}
 
 
 def resolved_dtype(dtype: str) -> str:
@@ -79,9 +93,13 @@ def serve(args) -> dict:
     verifications = getattr(args, "verification", None) or ["exact"]
     # ... and once per batch-invariance setting ("<label> inv": EngineConfig.batch_invariant).
     invariances = [mode == "on" for mode in getattr(args, "batch_invariant", None) or ["off"]]
-    policies = [(name, k or 0, v, inv) for inv in invariances
+    # ... and once per drafter ("<label> @<drafter>" when there are several).
+    drafters = args.drafter if isinstance(args.drafter, list) else [args.drafter]
+    tags = drafter_tags(drafters)
+    policies = [(name, k or 0, v, inv, d) for inv in invariances
                 for name, k in map(parse_policy, args.policies)
-                for v in (verifications if k else ["exact"])]
+                for v in (verifications if k else ["exact"])
+                for d in (drafters if k else drafters[:1])]
     print("lightspec-bench serve: one engine per (concurrency, policy); compiled buckets and "
           "measured costs are cached on disk, so the first run takes longest", flush=True)
     rows = []
@@ -97,10 +115,11 @@ def serve(args) -> dict:
                   for i, it in enumerate(items)]
         longest = max(len(p) for p in prompts)
         engines = {}
-        for name, depth, verification, invariant in policies:
+        for name, depth, verification, invariant, drafter in policies:
             label = policy_name(name, depth or None) + {
                 "exact": "", "probabilistic": " prob", "coupled": " coupled"}[verification] + (
-                " inv" if invariant else "")
+                " inv" if invariant else "") + (f" @{tags[drafter]}" if depth and len(tags) > 1
+                                                else "")
             what = "compiling its buckets" + (", timing them for the planner" if depth else "")
             print(f"[c={c}] building engine {label}: {what}", flush=True)
             start = time.perf_counter()
@@ -108,6 +127,7 @@ def serve(args) -> dict:
                                   max_model_len=longest + args.max_tokens + 1,
                                   longest_prompt=longest, synthetic=args.synthetic,
                                   verification=verification, batch_invariant=invariant,
+                                  drafter=drafter,
                                   # the timed runs time serving, not first-use compiles
                                   precompile_sampling="temperature" if args.temperature > 0
                                   else "none")
@@ -117,7 +137,9 @@ def serve(args) -> dict:
             warm = min(c, len(prompts))
             engine.generate(prompts[:warm], [dataclasses.replace(p, max_tokens=min(
                 p.max_tokens, 4)) for p in params[:warm]])
-            engines[label] = _Measured(engine=engine, startup_s=startup, speculative=bool(depth))
+            engines[label] = _Measured(engine=engine, startup_s=startup, speculative=bool(depth),
+                                       drafter=tags[drafter] if depth and len(tags) > 1
+                                       else None)
             print(f"[c={c}] {label} ready in {startup:.1f} s", flush=True)
         labels = list(engines)
         print(f"[c={c}] serving {len(prompts)} prompts with each policy, {args.repeats} times, "
@@ -145,8 +167,9 @@ def serve(args) -> dict:
 class _Measured:
     """One kept engine and what its timed runs measured."""
 
-    def __init__(self, *, engine, startup_s: float, speculative: bool):
+    def __init__(self, *, engine, startup_s: float, speculative: bool, drafter: str | None):
         self.engine, self.startup_s, self.speculative = engine, startup_s, speculative
+        self.drafter = drafter
         self.tok_s: list[float] = []
         self.wall_s: list[float] = []
         self.token_ids = None
@@ -182,7 +205,8 @@ class _Measured:
 
     def row(self, **key) -> dict:
         s = spread(self.tok_s)
-        row = {**key, "tok_s": s["median"], "tok_s_min": s["min"], "tok_s_max": s["max"],
+        row = {**key, **({"drafter": self.drafter} if self.drafter else {}),
+               "tok_s": s["median"], "tok_s_min": s["min"], "tok_s_max": s["max"],
                "tok_s_repeats": s["values"], "wall_s_repeats": self.wall_s,
                "startup_s": self.startup_s}
         if self.spec_steps:

@@ -51,6 +51,22 @@ def test_serve_and_sweep_write_results(tmp_path, capsys):
     assert (out / "sweep.png").stat().st_size > 0
 
 
+def test_serve_compares_drafters_side_by_side(tmp_path, capsys):
+    """Several --drafter values: each speculative policy once per drafter, labelled by kind,
+    plain decoding once; every drafter's greedy output equals plain decoding's."""
+    pair = tiny_pair()
+    out = tmp_path / "serve"
+    assert main(["serve", "--drafter", pair.drafter, pair.draft_lm, "ngram", "--concurrency",
+                 "1", "--num-prompts", "2", "--max-tokens", "5", "--policies", "none",
+                 "static:2", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads((out / "serve.json").read_text())["rows"]
+    assert [r["policy"] for r in rows] == ["none", "static:2 @eagle3", "static:2 @draft_lm",
+                                           "static:2 @ngram"]
+    assert [r.get("drafter") for r in rows] == [None, "eagle3", "draft_lm", "ngram"]
+    assert all(r["identical_to_none"] for r in rows[1:])
+    assert "c=1: fastest: " in capsys.readouterr().out
+
+
 def test_simulate_uses_the_serve_names(tmp_path, capsys):
     out = tmp_path / "sim"
     assert main(["simulate", "--concurrency", "2", "--policies", "static-3", "dynamic",
@@ -156,6 +172,13 @@ def test_interpretation_and_table():
         "; fastest: static:3",
         "c=64: dynamic:7 0.80x plain, 1.33x best fixed K (static:3); fastest: none"]
     assert interpret(rows[:2]) == ["c=1: fastest: static:3 2.00x plain"]
+    # With several drafters, the best fixed K is taken among the same drafter's rows.
+    tagged = [_row(1, "none", 100), _row(1, "static:3 @a", 300, drafter="a", **spec),
+              _row(1, "static:3 @b", 150, drafter="b", **spec),
+              _row(1, "dynamic:7 @b", 180, drafter="b", **spec)]
+    assert interpret(tagged) == [
+        "c=1: dynamic:7 @b 1.80x plain, 1.20x best fixed K (static:3 @b, within the noise of repeats); "
+        "fastest: static:3 @a"]
     assert ranking(rows) == ["c=1: none < static:3 ~ dynamic:7", "c=64: static:3 < dynamic:7 < none"]
     text = serve_table(rows)
     assert text.splitlines()[0].split()[:3] == ["c", "policy", "tok/s"]
