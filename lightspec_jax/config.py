@@ -21,7 +21,7 @@ class Policy(str, enum.Enum):
 
 
 # Drafting methods SpeculativeConfig.method accepts (None: inferred from the drafter).
-DRAFT_METHODS = (None, "eagle3", "dflash", "draft_lm", "ngram")
+DRAFT_METHODS = (None, "eagle3", "dflash", "dspark", "draft_lm", "ngram")
 # Rows per tile of the batch-invariant mode (EngineConfig.batch_invariant): a step pads its
 # rows to a multiple of it, so small buckets pay for up to this many rows.
 BATCH_INVARIANT_ROW_TILE = 8
@@ -31,11 +31,12 @@ BATCH_INVARIANT_ROW_TILE = 8
 class SpeculativeConfig:
     policy: Policy | str = Policy.NONE
     num_speculative_tokens: int = 0  # K: the (maximum) draft depth
-    # How drafts are made: "eagle3" | "dflash" | "draft_lm" (a checkpoint given as the
-    # drafter; None: inferred from its config.json) or "ngram" (prompt lookup in the
+    # How drafts are made: "eagle3" | "dflash" | "dspark" | "draft_lm" (a checkpoint given as
+    # the drafter; None: inferred from its config.json) or "ngram" (prompt lookup in the
     # request's own tokens, no model: speculation with only a target), matching n-grams of
-    # ngram_max down to ngram_min tokens. A "dflash" drafter drafts its whole block in one
-    # forward: num_speculative_tokens <= its block_size - 1.
+    # ngram_max down to ngram_min tokens. A "dflash" or "dspark" drafter drafts its whole
+    # block in one forward: num_speculative_tokens <= its block_size - 1 (dflash) or
+    # block_size (dspark, whose every block row drafts).
     method: str | None = None
     ngram_min: int = 1
     ngram_max: int = 3

@@ -13,3 +13,7 @@ __all__ += ["Eagle3", "Eagle3Config", "Eagle3Output"]
 from .dflash import DFlash, DFlashConfig, DFlashOutput, default_target_layer_ids  # noqa: E402
 
 __all__ += ["DFlash", "DFlashConfig", "DFlashOutput", "default_target_layer_ids"]
+
+from .dspark import DSpark, DSparkConfig  # noqa: E402
+
+__all__ += ["DSpark", "DSparkConfig"]

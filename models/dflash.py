@@ -64,12 +64,19 @@ class DFlashConfig:
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
 
+    # Class constants, not fields: the drafter's name in messages and the lowest feature id
+    # (DSpark's -1 names the embedding output).
+    NAME = "DFlash"
+    MIN_LAYER_ID = 0
+
     def __post_init__(self):
         check_attention_fields(self, ("hidden_size", "intermediate_size", "num_layers",
                                       "vocab_size", "target_hidden_size"))
         ids = tuple(self.target_layer_ids)
-        if not ids or any(not isinstance(j, int) or j < 0 for j in ids) or len(set(ids)) < len(ids):
-            raise ConfigError(f"target_layer_ids must be non-empty, non-negative and distinct, "
+        low = self.MIN_LAYER_ID
+        if (not ids or any(not isinstance(j, int) or j < low for j in ids)
+                or len(set(ids)) < len(ids)):
+            raise ConfigError(f"target_layer_ids must be non-empty, distinct and >= {low}, "
                               f"got {self.target_layer_ids!r}")
         object.__setattr__(self, "target_layer_ids", ids)
         if not isinstance(self.block_size, int) or self.block_size < 2:
@@ -110,7 +117,7 @@ class DFlashConfig:
                                  ("vocab_size", self.vocab_size, target.vocab_size)):
             if ours != want:
                 raise ConfigError(f"{name}={ours} does not match the target's {want}: this "
-                                  "DFlash drafter was trained for a different target")
+                                  f"{self.NAME} drafter was trained for a different target")
         bad = [j for j in self.target_layer_ids if j >= target.num_layers]
         if bad:
             raise ConfigError(f"target_layer_ids {list(self.target_layer_ids)} name layer "

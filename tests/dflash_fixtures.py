@@ -48,18 +48,54 @@ def write_zlab_dflash(directory, *, target_layers, vocab_size, hidden=64, interm
 
     target_layer_ids=None leaves them out of config.json (the class default applies);
     `extra` adds tensors (e.g. an lm_head copy some exports carry)."""
-    from safetensors.numpy import save_file
-
     num_features = len(target_layer_ids) if target_layer_ids is not None else num_layers
     tensors = zlab_tensors(hidden=hidden, intermediate=intermediate, heads=heads,
                            kv_heads=kv_heads, head_dim=head_dim, num_layers=num_layers,
                            num_features=num_features, seed=seed)
-    stored = dict(tensors, **(extra or {}))
+    save_tensors(directory, dict(tensors, **(extra or {})), num_layers=num_layers, dtype=dtype,
+                 shard=shard)
+    dflash = {"mask_token_id": vocab_size - 1 if mask_token_id is None else mask_token_id}
+    if target_layer_ids is not None:
+        dflash["target_layer_ids"] = list(target_layer_ids)
+    write_config(directory, {
+        **body_config(hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads,
+                      head_dim=head_dim, num_layers=num_layers, vocab_size=vocab_size,
+                      rope_theta=rope_theta, target_layers=target_layers,
+                      block_size=block_size, dtype=dtype),
+        "architectures": ["DFlashDraftModel"],
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "dflash_config": dflash})
+    return tensors
+
+
+def body_config(*, hidden, intermediate, heads, kv_heads, head_dim, num_layers, vocab_size,
+                rope_theta, target_layers, block_size, dtype):
+    """The Qwen3 fields a block drafter's config.json carries (DFlash and DSpark alike)."""
+    return {
+        "model_type": "qwen3", "hidden_size": hidden, "intermediate_size": intermediate,
+        "num_hidden_layers": num_layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab_size,
+        "rms_norm_eps": 1e-6, "rope_theta": rope_theta, "rope_scaling": None,
+        "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+        "max_position_embeddings": 512, "num_target_layers": target_layers,
+        "block_size": block_size, "torch_dtype": dtype,
+    }
+
+
+def write_config(directory, config):
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def save_tensors(directory, stored, *, num_layers, dtype, shard):
+    """model.safetensors, or (shard) one file per layer plus one for the rest, routed by the
+    index; dtype "bfloat16" rounds every tensor."""
+    from safetensors.numpy import save_file
+
     if dtype == "bfloat16":
         import ml_dtypes
         stored = {k: v.astype(ml_dtypes.bfloat16) for k, v in stored.items()}
     os.makedirs(directory, exist_ok=True)
-    if shard:  # one file per layer plus one for the rest, routed by the index
+    if shard:
         files = {k: (f"model-0000{int(k.split('.')[1]) + 1}-of-0000{num_layers + 1}.safetensors"
                      if k.startswith("layers.") else
                      f"model-0000{num_layers + 1}-of-0000{num_layers + 1}.safetensors")
@@ -72,20 +108,19 @@ def write_zlab_dflash(directory, *, target_layers, vocab_size, hidden=64, interm
     else:
         save_file(stored, os.path.join(directory, "model.safetensors"),
                   metadata={"format": "pt"})
-    dflash = {"mask_token_id": vocab_size - 1 if mask_token_id is None else mask_token_id}
-    if target_layer_ids is not None:
-        dflash["target_layer_ids"] = list(target_layer_ids)
-    config = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "hidden_size": hidden, "intermediate_size": intermediate,
-        "num_hidden_layers": num_layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab_size,
-        "rms_norm_eps": 1e-6, "rope_theta": rope_theta, "rope_scaling": None,
-        "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
-        "max_position_embeddings": 512, "num_target_layers": target_layers,
-        "block_size": block_size, "dflash_config": dflash, "torch_dtype": dtype,
-    }
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    return tensors
+
+
+def edit_config(path, fn):
+    """Applies fn to the config.json of the checkpoint directory `path` (a pathlib.Path)."""
+    config = json.loads((path / "config.json").read_text())
+    fn(config)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def edit_tensors(path, fn):
+    """Applies fn to the tensors of `path`'s single-file model.safetensors."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    fn(tensors)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})

@@ -52,17 +52,19 @@ from .eagle3 import (LEGACY_ARCHITECTURES, SPECULATORS_ARCHITECTURES,  # noqa: E
 
 from .dflash import ARCHITECTURES as DFLASH_ARCHITECTURES  # noqa: E402
 from .dflash import is_dflash_config, load_dflash, save_dflash_hf  # noqa: E402
+from .dspark import ARCHITECTURES as DSPARK_ARCHITECTURES  # noqa: E402
+from .dspark import is_dspark_config, load_dspark, save_dspark_hf  # noqa: E402
 
-__all__ += ["DFLASH", "DRAFT_LM", "EAGLE3", "drafter_kind", "load_dflash", "load_eagle3",
-            "save_dflash_hf", "save_eagle3_hf"]
+__all__ += ["DFLASH", "DRAFT_LM", "DSPARK", "EAGLE3", "drafter_kind", "load_dflash",
+            "load_dspark", "load_eagle3", "save_dflash_hf", "save_dspark_hf", "save_eagle3_hf"]
 
-EAGLE3, DFLASH, DRAFT_LM = "eagle3", "dflash", "draft_lm"
+EAGLE3, DFLASH, DSPARK, DRAFT_LM = "eagle3", "dflash", "dspark", "draft_lm"
 
 
 def drafter_kind(path: str) -> str:
     """What a drafter directory holds, from its config.json: EAGLE3 (either Eagle3 layout),
-    DFLASH (a z-lab DFlash block drafter) or DRAFT_LM (an ordinary Qwen3 causal LM, Hugging
-    Face or converted, drafting on its own)."""
+    DFLASH (a z-lab DFlash block drafter), DSPARK (a DeepSpec DSpark block drafter) or
+    DRAFT_LM (an ordinary Qwen3 causal LM, Hugging Face or converted, drafting on its own)."""
     from lightspec_jax.models.config import SUPPORTED_ARCHITECTURES
 
     if not os.path.isdir(path):
@@ -73,16 +75,20 @@ def drafter_kind(path: str) -> str:
     eagle3 = LEGACY_ARCHITECTURES + SPECULATORS_ARCHITECTURES
     if any(a in eagle3 for a in archs) or "speculators_model_type" in hf:
         return EAGLE3
-    # Checked before DRAFT_LM: a DFlash config.json is a Qwen3 config (model_type "qwen3").
+    # Checked before DRAFT_LM: DFlash and DSpark config.json files are Qwen3 configs
+    # (model_type "qwen3").
     if is_dflash_config(hf):
         return DFLASH
+    if is_dspark_config(hf):
+        return DSPARK
     if any(a in SUPPORTED_ARCHITECTURES for a in archs) or (
             not archs and hf.get("model_type") == "qwen3"):
         return DRAFT_LM
     raise CheckpointError(
         f"{config_path}: unsupported drafter architecture: architectures={archs!r}, "
         f"model_type={hf.get('model_type')!r}; expected an Eagle3 drafter ({', '.join(eagle3)}), "
-        f"a DFlash drafter ({', '.join(DFLASH_ARCHITECTURES)}) or a Qwen3 draft LM "
+        f"a DFlash drafter ({', '.join(DFLASH_ARCHITECTURES)}), a DSpark drafter "
+        f"({', '.join(DSPARK_ARCHITECTURES)}) or a Qwen3 draft LM "
         f"({', '.join(SUPPORTED_ARCHITECTURES)})")
 
 

@@ -50,6 +50,7 @@ class _WithHead(nnx.Module):
 class DFlashDrafter(Drafter):
     kind = "parallel"
     method = "dflash"
+    first_row = 1  # the block row of draft 1 (row 0 holds the bonus token)
 
     def __init__(self, model: DFlash, target: Qwen3):
         """model: the DFlash draft model; target: the Qwen3 it drafts for (its lm_head reads
@@ -81,13 +82,29 @@ class DFlashDrafter(Drafter):
         return self.module(param_leaves).model.write_context(rows.hidden, rows.position,
                                                              rows.slot, cache)
 
-    def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
-              target_embed, sampling=None):
-        limit = min(max_depth, self.block_size - 1)
+    @property
+    def block_depth(self) -> int:
+        """Drafts one block forward yields: the most this drafter drafts per step."""
+        return self.block_size - self.first_row
+
+    def check_max_depth(self, k: int) -> None:
+        """ValueError when K (num_speculative_tokens) exceeds the drafts of one block."""
+        if k > self.block_depth:
+            rule = "block_size" + (f" - {self.first_row}" if self.first_row else "")
+            raise ValueError(f"num_speculative_tokens={k} exceeds what one block of the "
+                             f"{type(self).__name__} drafts: at most {rule} = "
+                             f"{self.block_depth}")
+
+    def check_depth(self, depth: int, max_depth: int) -> None:
+        limit = min(max_depth, self.block_depth)
         if not 1 <= depth <= limit:
             raise ValueError(f"depth must be in [1, {limit}] (max depth {max_depth}, block size "
-                             f"{self.block_size} drafts at most {self.block_size - 1}), got "
+                             f"{self.block_size} drafts at most {self.block_depth}), got "
                              f"{depth}")
+
+    def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
+              target_embed, sampling=None):
+        self.check_depth(depth, max_depth)
         wrapped = self.module(param_leaves)
         n = last_token.shape[0]
         slots = jnp.where(drafting, jnp.arange(n, dtype=jnp.int32), n)  # [N]
@@ -96,13 +113,26 @@ class DFlashDrafter(Drafter):
         # The whole trained block always runs (non-causal attention: fewer masks would change
         # every row); only the first `depth` drafts are read out.
         out = wrapped.model(tokens, seq_len, slots, cache, embed=target_embed)
-        rows = out.hidden[:, 1:depth + 1].reshape(n * depth, -1)  # [N*d, H]
+        rows = out.hidden[:, self.first_row:self.first_row + depth]  # [N, d, H]
+        return out.cache, self.read_out(wrapped, rows, last_token=last_token, seq_len=seq_len,
+                                        max_depth=max_depth, target_embed=target_embed,
+                                        sampling=sampling)
+
+    @staticmethod
+    def logits(wrapped, rows, target_embed):
+        """The target's lm_head (its embedding when tied) over block rows [..., H] -> [..., V]
+        f32."""
         if wrapped.head is None:
-            logits = jnp.einsum("rh,vh->rv", rows, target_embed.astype(rows.dtype),
-                                preferred_element_type=jnp.float32)  # [N*d, V]
-        else:
-            logits = jnp.einsum("rh,hv->rv", rows, wrapped.head[...].astype(rows.dtype),
-                                preferred_element_type=jnp.float32)
+            return jnp.einsum("...h,vh->...v", rows, target_embed.astype(rows.dtype),
+                              preferred_element_type=jnp.float32)
+        return jnp.einsum("...h,hv->...v", rows, wrapped.head[...].astype(rows.dtype),
+                          preferred_element_type=jnp.float32)
+
+    def read_out(self, wrapped, rows, *, last_token, seq_len, max_depth, target_embed,
+                 sampling):
+        """The proposal [N, max_depth] from the drafting rows [N, d, H] of the block."""
+        n, depth, h = rows.shape
+        logits = self.logits(wrapped, rows.reshape(n * depth, h), target_embed)  # [N*d, V]
         # Block row i drafts position seq_len + i; each row is drawn on its own (the block
         # predicts every position from the context alone, so q of row i is its distribution).
         position = (seq_len[:, None] + jnp.arange(1, depth + 1)[None, :]).reshape(-1)
@@ -116,5 +146,5 @@ class DFlashDrafter(Drafter):
             pad = [(0, 0), (0, max_depth - depth)] + [(0, 0)] * (x.ndim - 2)
             return jnp.pad(x, pad, constant_values=fill)
 
-        return out.cache, Proposal(shaped(draw.token), shaped(draw.conf),
-                                   q_ids=shaped(draw.q_ids, -1), q_probs=shaped(draw.q_probs))
+        return Proposal(shaped(draw.token), shaped(draw.conf), q_ids=shaped(draw.q_ids, -1),
+                        q_probs=shaped(draw.q_probs))

@@ -98,12 +98,13 @@ class Engine:
     def __init__(self, model, *, config: EngineConfig = EngineConfig(),
                  tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = (),
                  drafter: Drafter | None = None, verifier=None):
-        """model: a Qwen3 target; drafter: an Eagle3, DFlash, draft-LM or n-gram drafter
-        (speculative policies; with SpeculativeConfig(method="ngram") the engine makes its own;
-        a DFlash drafter drafts at most block_size - 1 tokens, always its whole block); verifier:
-        how drafts are accepted (default from `config.speculative.verification`: exact match,
-        lossless token for token, or rejection sampling; the benchmarks inject
-        `SyntheticAcceptance`, also chosen by `config.synthetic_acceptance`)."""
+        """model: a Qwen3 target; drafter: an Eagle3, DFlash, DSpark, draft-LM or n-gram
+        drafter (speculative policies; with SpeculativeConfig(method="ngram") the engine makes
+        its own; a DFlash drafter drafts at most block_size - 1 tokens, a DSpark one
+        block_size, always its whole block); verifier: how drafts are accepted (default from
+        `config.speculative.verification`: exact match, lossless token for token, or rejection
+        sampling; the benchmarks inject `SyntheticAcceptance`, also chosen by
+        `config.synthetic_acceptance`)."""
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -140,10 +141,8 @@ class Engine:
             decode_buckets = powers_of_two(n)
         self.decode_buckets = decode_buckets
         parallel = drafter is not None and drafter.kind == "parallel"
-        if parallel and k > drafter.block_size - 1:
-            raise ValueError(f"num_speculative_tokens={k} exceeds what one block of the "
-                             f"{type(drafter).__name__} drafts: at most block_size - 1 = "
-                             f"{drafter.block_size - 1}")
+        if parallel:
+            drafter.check_max_depth(k)
         depths = ()
         if speculative:
             # A parallel drafter's one forward drafts its whole block: K is its only depth.
@@ -233,10 +232,11 @@ class Engine:
                         config: EngineConfig = EngineConfig()) -> "Engine":
         """Loads a Qwen3 target (Hugging Face or converted directory; nothing is downloaded) and,
         optionally, a drafter for it: an Eagle3 drafter (Hugging Face layout: EAGLE/SpecForge
-        or speculators), a DFlash block drafter (z-lab layout) or a small Qwen3 causal LM
-        sharing the target's vocabulary (a draft LM, as transformers' assisted generation
-        uses), told apart by config.json. With SpeculativeConfig(method="ngram") no drafter is
-        loaded: drafts come from prompt lookup."""
+        or speculators), a DFlash (z-lab layout) or DSpark (DeepSpec layout) block drafter or a
+        small Qwen3 causal LM sharing the target's vocabulary (a draft LM, as transformers'
+        assisted generation uses), told apart by config.json. With
+        SpeculativeConfig(method="ngram") no drafter is loaded: drafts come from prompt
+        lookup."""
         from .loading import load_pretrained
 
         model, drafter, tokenizer, eos = load_pretrained(target_path, drafter_path, config)

@@ -1,9 +1,9 @@
 """Engine.from_pretrained's loading: a target checkpoint and, optionally, a drafter for it.
 
 The drafter's kind comes from its config.json (checkpoint.drafter_kind): an Eagle3 drafter
-(EAGLE/SpecForge or speculators layout), a DFlash block drafter (z-lab layout) or a Qwen3
-draft LM; SpeculativeConfig(method=...) must agree with it, and method="ngram" takes none.
-Nothing is downloaded.
+(EAGLE/SpecForge or speculators layout), a DFlash block drafter (z-lab layout), a DSpark
+block drafter (DeepSpec layout) or a Qwen3 draft LM; SpeculativeConfig(method=...) must agree
+with it, and method="ngram" takes none. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from .buckets import enable_compilation_cache
 
 def load_pretrained(target_path: str, drafter_path: str | None, config: EngineConfig):
     """(target model, drafter or None, tokenizer or None, sorted EOS ids) for Engine()."""
-    from ..checkpoint import (DFLASH, DRAFT_LM, EAGLE3, check_same_vocabulary,
-                              drafter_kind, load_dflash, load_eagle3, load_qwen3)
-    from ..drafters import DFlashDrafter, DraftLMDrafter, Eagle3Drafter
+    from ..checkpoint import (DFLASH, DRAFT_LM, DSPARK, EAGLE3, check_same_vocabulary,
+                              drafter_kind, load_dflash, load_dspark, load_eagle3, load_qwen3)
+    from ..drafters import DFlashDrafter, DraftLMDrafter, DSparkDrafter, Eagle3Drafter
 
     method = config.speculative.method
     if drafter_path is not None and config.speculative.policy is Policy.NONE:
@@ -44,6 +44,10 @@ def load_pretrained(target_path: str, drafter_path: str | None, config: EngineCo
     elif kind == DFLASH:
         # No embedding or lm_head of its own: the target's read the block in and out.
         drafter = DFlashDrafter(load_dflash(drafter_path, target_config=model.config,
+                                            dtype=config.resolved_dtype), model)
+    elif kind == DSPARK:
+        # Its embed_tokens and lm_head are frozen copies of the target's, which serve.
+        drafter = DSparkDrafter(load_dspark(drafter_path, target_config=model.config,
                                             dtype=config.resolved_dtype), model)
     elif kind == DRAFT_LM:
         draft_model = load_qwen3(drafter_path, dtype=config.resolved_dtype)

@@ -2,15 +2,13 @@
 (single file, sharded, bf16), the config's defaults, and a clear refusal for each drafter that
 cannot serve the target."""
 
-import json
-
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
-from dflash_fixtures import write_zlab_dflash
+from dflash_fixtures import edit_config, edit_tensors, write_zlab_dflash
 from lightspec_jax.checkpoint import (DFLASH, CheckpointError, drafter_kind, load_dflash,
                                       save_dflash_hf)
 from lightspec_jax.models import PRESETS, default_target_layer_ids
@@ -21,18 +19,6 @@ SHAPE = dict(target_layers=TARGET.num_layers, vocab_size=TARGET.vocab_size)
 
 def _write(path, **kw):
     return write_zlab_dflash(str(path), **{**SHAPE, "target_layer_ids": (1, 4, 7), **kw})
-
-
-def _edit_config(path, fn):
-    config = json.loads((path / "config.json").read_text())
-    fn(config)
-    (path / "config.json").write_text(json.dumps(config))
-
-
-def _edit_tensors(path, fn):
-    tensors = load_file(str(path / "model.safetensors"))
-    fn(tensors)
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def test_weights_land_in_our_layout_and_round_trip(tmp_path):
@@ -102,23 +88,23 @@ def test_defaults_and_ignored_copies(tmp_path):
 ])
 def test_a_drafter_for_another_target_is_refused(tmp_path, edit, match):
     _write(tmp_path)
-    _edit_config(tmp_path, edit)
+    edit_config(tmp_path, edit)
     with pytest.raises(CheckpointError, match=match):
         load_dflash(str(tmp_path), target_config=TARGET)
 
 
 def test_tensor_mismatches_are_refused(tmp_path):
     _write(tmp_path)
-    _edit_config(tmp_path, lambda c: c["dflash_config"].update(target_layer_ids=[1, 4]))
+    edit_config(tmp_path, lambda c: c["dflash_config"].update(target_layer_ids=[1, 4]))
     with pytest.raises(CheckpointError, match=r"'fc.weight' .* has shape \[64, 192\], "
                                               r"expected \[64, 128\]"):
         load_dflash(str(tmp_path), target_config=TARGET)
-    _edit_config(tmp_path, lambda c: c["dflash_config"].update(target_layer_ids=[1, 4, 7]))
-    _edit_tensors(tmp_path, lambda t: t.update({"layers.2.mlp.up_proj.weight":
+    edit_config(tmp_path, lambda c: c["dflash_config"].update(target_layer_ids=[1, 4, 7]))
+    edit_tensors(tmp_path, lambda t: t.update({"layers.2.mlp.up_proj.weight":
                                                 np.zeros((96, 64), np.float32)}))
     with pytest.raises(CheckpointError, match=r"unexpected tensor 'layers.2.mlp.up_proj.weight'"
                                               r".*num_hidden_layers=2"):
         load_dflash(str(tmp_path), target_config=TARGET)
-    _edit_tensors(tmp_path, lambda t: t.update({"model." + k: t.pop(k) for k in list(t)}))
+    edit_tensors(tmp_path, lambda t: t.update({"model." + k: t.pop(k) for k in list(t)}))
     with pytest.raises(CheckpointError, match="missing tensor .*'model.' prefix"):
         load_dflash(str(tmp_path), target_config=TARGET)

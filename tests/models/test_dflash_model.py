@@ -49,11 +49,13 @@ class ReferenceDFlash:
         self.w = {k: v.astype(np.float64) for k, v in
                   load_file(os.path.join(directory, "model.safetensors")).items()}
         self.embed, self.lm_head = embed, lm_head  # the target's [V, H] each
+        ids_and_mask = self.hf.get("dflash_config", self.hf)  # DSpark's are top-level
+        self.ids = ids_and_mask["target_layer_ids"]
+        self.mask = ids_and_mask["mask_token_id"]
 
     def features(self, hidden_states, upto):
         """concat of HF hidden_states[id + 1] over the listed ids, positions < upto."""
-        ids = self.hf["dflash_config"]["target_layer_ids"]
-        return np.concatenate([hidden_states[i + 1][:upto] for i in ids], axis=-1)
+        return np.concatenate([hidden_states[i + 1][:upto] for i in self.ids], axis=-1)
 
     def block(self, features, bonus):
         hf, w = self.hf, self.w
@@ -61,7 +63,7 @@ class ReferenceDFlash:
         theta, size = hf["rope_theta"], hf["block_size"]
         ctx_len = features.shape[0]
         ctx = _rms(features @ w["fc.weight"].T, w["hidden_norm.weight"])  # [C, H]
-        tokens = [bonus] + [hf["dflash_config"]["mask_token_id"]] * (size - 1)
+        tokens = [bonus] + [self.mask] * (size - 1)
         x = self.embed[tokens]  # [P, H]
         block_pos = np.arange(ctx_len, ctx_len + size)
         key_pos = np.arange(ctx_len + size)

@@ -104,3 +104,15 @@ def spec_engines(target_dir, sharp_checkpoint):
                                  eos_token_ids=(1,))
         return cache[name]
     return get
+
+
+def fixed_costs(directory, buckets) -> str:
+    """A cost-table file with fixed costs, so planner decisions do not hang on a noisy CPU: a
+    verify grows with its rows, a draft costs little."""
+    import json
+
+    from lightspec_jax.planner import CostTable
+    path = directory / "costs.json"
+    path.write_text(json.dumps({"target": CostTable({b: 1.0 + 0.1 * b for b in buckets}).to_json(),
+                                "draft": CostTable({b: 0.05 for b in buckets}).to_json()}))
+    return str(path)

@@ -18,9 +18,9 @@ from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfi
 from lightspec_jax.checkpoint import load_qwen3
 from lightspec_jax.drafters import DFlashDrafter
 from lightspec_jax.models.layers import rms_norm
-from test_lossless import reference, random_scenario, serve
+from test_lossless import check_random_scenarios, random_scenario, serve
 
-from conftest import BASE
+from conftest import BASE, fixed_costs
 
 BLOCK = 5  # drafts up to 4 tokens per forward
 K = 3
@@ -90,30 +90,18 @@ def constant_engine(target_dir, constant_dir):
 
 @pytest.fixture(scope="module")
 def dynamic_engine(target_dir, constant_dir, tmp_path_factory):
-    """Fixed costs (the decisions do not hang on a noisy CPU): a verify grows with its rows,
-    the block costs little, so drafting pays only while drafts are accepted."""
-    import json
-
-    from lightspec_jax.planner import CostTable
-    path = tmp_path_factory.mktemp("costs") / "costs.json"
-    path.write_text(json.dumps({"target": CostTable({b: 1.0 + 0.1 * b for b in BUCKETS}).to_json(),
-                                "draft": CostTable({b: 0.05 for b in BUCKETS}).to_json()}))
+    """Fixed costs: the block costs little, so drafting pays only while drafts are
+    accepted."""
+    path = fixed_costs(tmp_path_factory.mktemp("costs"), BUCKETS)
     return Engine.from_pretrained(target_dir, constant_dir,
-                                  config=_config("dynamic", cost_table_path=str(path)))
+                                  config=_config("dynamic", cost_table_path=path))
 
 
 @pytest.mark.parametrize("name, cases", [("static_engine", 5), ("dynamic_engine", 5)])
 def test_greedy_dflash_equals_target_only(name, cases, request, plain_engine):
     engine = request.getfixturevalue(name)
     assert isinstance(engine.drafter, DFlashDrafter)
-    rng = np.random.default_rng(sum(map(ord, name)))
-    for case in range(cases):
-        requests = random_scenario(rng, engine, plain_engine)
-        outputs = serve(engine, requests)
-        for rid, prompt, params, _ in requests:
-            want, reason = reference(plain_engine, prompt, params)
-            assert outputs[rid].token_ids == want, f"{name} case {case} request {rid}"
-            assert outputs[rid].finish_reason == reason, f"{name} case {case} request {rid}"
+    check_random_scenarios(engine, plain_engine, cases, name)
 
 
 def test_drafts_are_accepted(constant_engine, constant, plain_engine):

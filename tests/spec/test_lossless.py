@@ -55,9 +55,14 @@ def serve(engine, requests):
 
 @pytest.mark.parametrize("name", sorted(CASES_PER_ENGINE))
 def test_greedy_speculative_equals_target_only(name, spec_engines, plain_engine):
-    engine = spec_engines(name)
+    check_random_scenarios(spec_engines(name), plain_engine, CASES_PER_ENGINE[name], name)
+
+
+def check_random_scenarios(engine, plain_engine, cases, name):
+    """`cases` random scenarios (seeded by `name`) served by `engine` emit, request by
+    request, the plain engine's tokens and finish reasons."""
     rng = np.random.default_rng(sum(map(ord, name)))
-    for case in range(CASES_PER_ENGINE[name]):
+    for case in range(cases):
         requests = random_scenario(rng, engine, plain_engine)
         outputs = serve(engine, requests)
         for rid, prompt, params, _ in requests:
