@@ -26,25 +26,64 @@ from .safetensors_io import CheckpointError, TensorReader, read_json
 log = logging.getLogger(__name__)
 
 
+Index = tuple[slice, ...]  # one slice per axis, with int start and stop, step 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Transform:
-    """HF tensor <-> our layout; `hf_shape` says what shape the HF tensor must have."""
+    """HF tensor <-> our layout; `hf_shape` says what shape the HF tensor must have.
+
+    `window` maps a block of ours to the HF block holding it, for reading one device's shard:
+    window(index, ours_shape) -> (HF index, block shape, inner index), such that
+    apply(hf[HF index], block shape)[inner index] == ours[index]."""
 
     name: str
     hf_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
     apply: Callable[[np.ndarray, tuple[int, ...]], np.ndarray]  # HF -> ours (target shape)
     invert: Callable[[np.ndarray], np.ndarray]  # ours -> HF
+    window: Callable[[Index, tuple[int, ...]], tuple[Index, tuple[int, ...], Index]]
 
 
-IDENTITY = Transform("identity", lambda s: s, lambda w, s: w, lambda w: w)
+def _sizes(index: Index) -> tuple[int, ...]:
+    return tuple(s.stop - s.start for s in index)
+
+
+def _heads_rows(heads: slice, head_dim: int) -> slice:
+    """HF feature rows of query/KV heads [a, b): heads are the slow axis (head * D + d)."""
+    return slice(heads.start * head_dim, heads.stop * head_dim)
+
+
+_ALL = slice(None)
+
+
+def _whole_window(index: Index, shape):
+    return index, _sizes(index), (_ALL,) * len(index)
+
+
+def _to_heads_window(index: Index, shape):
+    """ours [H, heads, D] <- HF [heads*D, H]: a block of heads [a, b) is HF rows
+    [a*D, b*D), read whole in D and cut after."""
+    h, heads, d = index
+    return (_heads_rows(heads, shape[2]), h), (*_sizes((h, heads)), shape[2]), (_ALL, _ALL, d)
+
+
+def _from_heads_window(index: Index, shape):
+    """ours [heads, D, H] <- HF [H, heads*D]."""
+    heads, d, h = index
+    block = (*_sizes((heads,)), shape[1], *_sizes((h,)))
+    return (h, _heads_rows(heads, shape[1])), block, (_ALL, d, _ALL)
+
+
+IDENTITY = Transform("identity", lambda s: s, lambda w, s: w, lambda w: w, _whole_window)
 # torch Linear [out, in] -> kernel [in, out]
-TRANSPOSE = Transform("transpose", lambda s: s[::-1], lambda w, s: w.T, lambda w: w.T)
+TRANSPOSE = Transform("transpose", lambda s: s[::-1], lambda w, s: w.T, lambda w: w.T,
+                      lambda ix, s: (ix[::-1], _sizes(ix), (_ALL,) * len(ix)))
 # q/k/v: [heads*D, H] -> [H, heads, D] (feature = head*D + d, heads the slow axis)
 TO_HEADS = Transform("to_heads", lambda s: (s[1] * s[2], s[0]), lambda w, s: w.T.reshape(s),
-                     lambda w: w.reshape(w.shape[0], -1).T)
+                     lambda w: w.reshape(w.shape[0], -1).T, _to_heads_window)
 # o_proj: [H, heads*D] -> [heads, D, H]
 FROM_HEADS = Transform("from_heads", lambda s: (s[2], s[0] * s[1]), lambda w, s: w.T.reshape(s),
-                       lambda w: w.reshape(-1, w.shape[-1]).T)
+                       lambda w: w.reshape(-1, w.shape[-1]).T, _from_heads_window)
 
 # HF name (global) -> (our path, transform)
 GLOBAL_MAP = {
@@ -110,6 +149,42 @@ def load_qwen3_hf(directory: str, *, dtype="float32") -> Qwen3:
     return model
 
 
+def load_qwen3_sharded(directory: str, layout, *, dtype="float32"
+                       ) -> tuple[Qwen3, list[jax.Array], jax.Array]:
+    """Loads a Qwen3 HF directory straight into a mesh's shardings (engine/sharding.py
+    MeshLayout): each shard is read from the safetensors files as a slice of its HF tensors
+    (`safe_open(...).get_slice`), never the whole tensor, and put on the devices that hold it,
+    so the host holds about one shard at a time and a process reads only what its devices hold.
+
+    Returns (the module with abstract leaves: config and structure, no weights; the placed
+    leaves and the embedding [V, H], equal to `layout.place_target` of the plainly loaded model).
+    """
+    from lightspec_jax.engine.sharding import leaf_paths
+
+    dtype = resolve_dtype(dtype)
+    np_dtype = np.dtype(dtype)
+    cfg = read_qwen3_config(directory)
+    model = abstract_qwen3(cfg, dtype)
+    state = nnx.state(model)
+    shapes = dict(zip(leaf_paths(state), (tuple(x.shape) for x in jax.tree.leaves(state))))
+    with TensorReader(directory) as reader:
+        plan = _plan_tensors(cfg, reader)
+
+        def read(path: str, index: Index) -> np.ndarray:  # a block of our (unrepeated) leaf
+            shape, sources = shapes[path], plan[path]
+            if not path.startswith("layers."):
+                (hf_name, transform), = sources
+                return _read_block(reader, hf_name, transform, shape, index).astype(np_dtype)
+            block = np.empty(_sizes(index), np_dtype)  # [l, ...]: the layers of this shard
+            for i, layer in enumerate(range(index[0].start, index[0].stop)):
+                hf_name, transform = sources[layer]
+                block[i] = _read_block(reader, hf_name, transform, shape[1:], index[1:])
+            return block
+
+        leaves, embed = layout.assemble_target(state, read)
+    return model, leaves, embed
+
+
 def fill_variables(model, plan: dict[str, list[tuple[str, Transform]]], reader: TensorReader,
                    dtype) -> None:
     """Sets each of `model`'s variables from its HF sources (plan: our path -> sources; a
@@ -165,15 +240,28 @@ def _plan_tensors(cfg: Qwen3Config, reader: TensorReader) -> dict[str, list[tupl
     return plan
 
 
-def _read(reader: TensorReader, hf_name: str, transform: Transform,
-          target_shape: tuple[int, ...]) -> np.ndarray:
+def _check_shape(reader: TensorReader, hf_name: str, transform: Transform,
+                 target_shape: tuple[int, ...]) -> None:
     want = tuple(transform.hf_shape(target_shape))
     got = reader.shape(hf_name)
     if got != want:
         raise CheckpointError(
             f"tensor {hf_name!r} in {reader.directory} has shape {list(got)}, expected "
             f"{list(want)} from config.json")
+
+
+def _read(reader: TensorReader, hf_name: str, transform: Transform,
+          target_shape: tuple[int, ...]) -> np.ndarray:
+    _check_shape(reader, hf_name, transform, target_shape)
     return transform.apply(reader.get(hf_name), target_shape)
+
+
+def _read_block(reader: TensorReader, hf_name: str, transform: Transform,
+                target_shape: tuple[int, ...], index: Index) -> np.ndarray:
+    """ours[index] of one HF tensor, reading only the HF block that holds it."""
+    _check_shape(reader, hf_name, transform, target_shape)
+    hf_index, block_shape, inner = transform.window(index, target_shape)
+    return transform.apply(reader.get_slice(hf_name, hf_index), block_shape)[inner]
 
 
 def _variable(model: nnx.Module, path: str) -> nnx.Variable:

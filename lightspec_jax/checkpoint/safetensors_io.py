@@ -78,9 +78,16 @@ class TensorReader(contextlib.AbstractContextManager):
         return tuple(handle.get_slice(name).get_shape())
 
     def get(self, name: str) -> np.ndarray:
+        return self._read(name, lambda handle: handle.get_tensor(name))
+
+    def get_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """tensor[index], reading only that block from the file (safetensors slice reads)."""
+        return self._read(name, lambda handle: handle.get_slice(name)[index])
+
+    def _read(self, name: str, take) -> np.ndarray:
         filename = self._file_of(name)
         try:
-            return self._handle(filename).get_tensor(name)
+            return take(self._handle(filename))
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(
                 f"cannot read tensor {name!r} from {os.path.join(self.directory, filename)}: {e}"

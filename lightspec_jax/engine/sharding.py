@@ -33,8 +33,10 @@ step's work. The B verify rows are one flat, replicated batch, so each replica r
 projections for every row, and attention reads a row's KV blocks from the device that holds
 its slot: a masked gather plus an all-reduce over 'data'. Giving each replica only its own
 slots' rows needs per-replica row buckets. The Pallas kernels do not run under shard_map
-yet (engine.py refuses a multi-device GPU mesh without the reference ops). The model is
-loaded whole, then placed.
+yet (engine.py refuses a multi-device GPU mesh without the reference ops). The engine
+still loads the model whole, then places it; `assemble_target` builds the placed leaves from
+per-shard reads instead (checkpoint.qwen3.load_qwen3_sharded), not wired into
+Engine.from_pretrained yet.
 
 Axis legend: L layers, H hidden, Q query heads, G KV heads, D head dim, I intermediate,
 V vocab, N slots, S cache length.
@@ -43,6 +45,7 @@ V vocab, N slots, S cache length.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +79,20 @@ def make_mesh(*, tensor_parallel_size: int, data_parallel_size: int, devices=Non
     return Mesh(np.array(devices[:m * d]).reshape(d, m), (DATA, MODEL))
 
 
+def _read_repeated(read, path: str, bounds: tuple, repeat: int, shape) -> np.ndarray:
+    """The block `bounds` of a leaf whose axis 2 (K/V heads) is repeated `repeat` times:
+    placed head j is stored head j // repeat, so read the stored heads covering the block,
+    repeat them and cut."""
+    index = [slice(a, b) for a, b in bounds]
+    if repeat == 1:
+        return read(path, tuple(index))
+    a, b = bounds[2]
+    first = a // repeat
+    index[2] = slice(first, min(-(-b // repeat), shape[2]))
+    block = np.repeat(read(path, tuple(index)), repeat, axis=2)  # [L, H, g*r, D]
+    return block[:, :, a - first * repeat:b - first * repeat]
+
+
 def engine_mesh(config) -> Mesh | None:
     """The EngineConfig's mesh: its `mesh`, one built from its sizes, or None (one device)."""
     if config.mesh is not None:
@@ -88,6 +105,12 @@ def engine_mesh(config) -> Mesh | None:
 
 def _path_names(path) -> list[str]:
     return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+def leaf_paths(state) -> list[str]:
+    """Each leaf's parameter path ("embed", "layers.q_proj"), in `jax.tree.flatten` order."""
+    return [".".join(n for n in _path_names(path) if n != "value")
+            for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,16 +171,56 @@ class MeshLayout:
             out.append(self._on(np.ndim(leaf), _TARGET_AXES[name], MODEL))
         return out
 
+    def _repeats_kv(self, names: list[str]) -> bool:
+        return self.kv_repeat > 1 and any(n in _KV_PROJECTIONS for n in names)
+
     def place_target(self, state) -> tuple[list[jax.Array], jax.Array]:
         """The target's leaves, K/V heads repeated `kv_repeat` times, placed by
         `target_shardings` -> (leaves in `jax.tree.flatten` order, embed [V, H])."""
         pairs = jax.tree_util.tree_flatten_with_path(state)[0]
         names = [_path_names(path) for path, _ in pairs]
         leaves = [jnp.repeat(leaf, self.kv_repeat, axis=2)  # [L, H, G*r, D]
-                  if self.kv_repeat > 1 and any(n in _KV_PROJECTIONS for n in name) else leaf
-                  for name, (_, leaf) in zip(names, pairs)]
+                  if self._repeats_kv(name) else leaf for name, (_, leaf) in zip(names, pairs)]
         leaves = jax.device_put(leaves, self.target_shardings(state))  # repeats keep ndim
         embed = next(x for name, x in zip(names, leaves) if "embed" in name)
+        return leaves, embed
+
+    def abstract_target(self, state) -> list[jax.ShapeDtypeStruct]:
+        """What `place_target` places, as ShapeDtypeStructs carrying their shardings, for a
+        model that is never loaded (`state` may hold ShapeDtypeStructs; the mesh may be a
+        jax.sharding.AbstractMesh): sizes, per-device bytes and lowering at real scale."""
+        out = []
+        pairs = jax.tree_util.tree_flatten_with_path(state)[0]
+        for (path, leaf), sharding in zip(pairs, self.target_shardings(state)):
+            shape = list(np.shape(leaf))
+            if self._repeats_kv(_path_names(path)):
+                shape[2] *= self.kv_repeat  # [L, H, G*r, D]
+            out.append(jax.ShapeDtypeStruct(tuple(shape), leaf.dtype, sharding=sharding))
+        return out
+
+    def assemble_target(self, state, read: Callable[[str, tuple[slice, ...]], np.ndarray]
+                        ) -> tuple[list[jax.Array], jax.Array]:
+        """`place_target` from shards, without the whole model on the host: read(path, index)
+        returns the block `index` (slices with int bounds) of the leaf at `path` ("embed",
+        "layers.q_proj") as stored in `state` (K/V heads not repeated; `state` may hold
+        ShapeDtypeStructs). Only this process's devices are filled, each distinct shard is
+        read once and put on every device that holds it, then dropped."""
+        leaves = []
+        for path, leaf, placed in zip(leaf_paths(state), jax.tree.leaves(state),
+                                      self.abstract_target(state)):
+            repeat = self.kv_repeat if self._repeats_kv(path.split(".")) else 1
+            groups: dict[tuple, list] = {}  # shard bounds -> its devices
+            for device, index in placed.sharding.addressable_devices_indices_map(
+                    placed.shape).items():
+                bounds = tuple(s.indices(n)[:2] for s, n in zip(index, placed.shape))
+                groups.setdefault(bounds, []).append(device)
+            shards = []
+            for bounds, devices in groups.items():
+                block = _read_repeated(read, path, bounds, repeat, np.shape(leaf))
+                shards += [jax.device_put(block, d) for d in devices]
+            leaves.append(jax.make_array_from_single_device_arrays(placed.shape,
+                                                                   placed.sharding, shards))
+        embed = leaves[leaf_paths(state).index("embed")]
         return leaves, embed
 
     def replicate(self, tree):
@@ -217,6 +280,75 @@ def device_bytes(tree) -> dict[int, int]:
     return out
 
 
+def _nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
 def replicated_bytes(tree) -> int:
-    """Bytes of `tree`'s arrays that every device holds whole (fully replicated)."""
-    return sum(x.nbytes for x in jax.tree.leaves(tree) if x.sharding.is_fully_replicated)
+    """Bytes of `tree`'s arrays (or ShapeDtypeStructs with a sharding) that every device
+    holds whole (fully replicated)."""
+    return sum(_nbytes(x.shape, x.dtype) for x in jax.tree.leaves(tree)
+               if x.sharding.is_fully_replicated)
+
+
+def shard_bytes(tree) -> int:
+    """Bytes one device holds of `tree`, from each leaf's sharding (its shard shape), for
+    ShapeDtypeStructs on an AbstractMesh as for placed arrays: `device_bytes` without the
+    arrays. Each device of a NamedSharding holds one shard of that shape, replicas included
+    (the sizes divide evenly: MeshLayout.for_target checks it)."""
+    return sum(_nbytes(x.sharding.shard_shape(x.shape), x.dtype) for x in jax.tree.leaves(tree))
+
+
+# --- what the partitioner inserted ------------------------------------------------------
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_HLO_OP = re.compile(r"^\s*(?:ROOT )?%\S+ = (.+?) (" + "|".join(COLLECTIVES)
+                     + r")(?:-start)?\(")
+_HLO_CALLEE = re.compile(r"(?:calls|body|condition|to_apply)=(%[\w.\-]+)"
+                         r"|branch_computations=\{([^}]*)\}")
+_HLO_TRIP = re.compile(r"body=(%[\w.\-]+).*\"known_trip_count\":\{\"n\":\"(\d+)\"")
+
+
+def hlo_collectives(hlo_text: str, *, trip_count: int | None = None) -> dict:
+    """Collective ops in a compiled module's HLO text (`compiled.as_text()`: GSPMD inserts
+    them when XLA compiles, so StableHLO from `.lower()` or jax.export has none).
+
+    Returns {"module": {op: count}, "loop": {op: count} or None, "shapes": {op: result
+    shapes}}: "loop" counts the body of the while loop run `trip_count` times (the target's
+    scan over its L layers: per-layer counts), with the computations it calls (a nested
+    loop's body counted once); "module" counts each op once wherever it is."""
+    bodies: dict[str, list[str]] = {}
+    name = None
+    for line in hlo_text.splitlines():
+        if line.endswith("{") and not line.startswith(" "):
+            name = line.split()[1 if line.startswith("ENTRY") else 0]
+            bodies[name] = []
+        elif line == "}":
+            name = None
+        elif name is not None:
+            bodies[name].append(line)
+
+    def found(lines) -> list[tuple[str, str]]:  # (result shape, op)
+        return [m.groups() for line in lines for m in [_HLO_OP.search(line)] if m]
+
+    def count(lines) -> dict[str, int]:
+        ops = [op for _, op in found(lines)]
+        return {op: ops.count(op) for op in COLLECTIVES}
+
+    loop = None
+    for body, n in _HLO_TRIP.findall(hlo_text):
+        if trip_count is not None and int(n) == trip_count and body in bodies:
+            seen, todo = set(), [body]
+            while todo:  # the body and what it calls
+                comp = todo.pop()
+                if comp not in seen and comp in bodies:
+                    seen.add(comp)
+                    todo += [c.strip() for line in bodies[comp]
+                             for one, many in _HLO_CALLEE.findall(line)
+                             for c in (one or many).split(",")]
+            loop = count(line for comp in seen for line in bodies[comp])
+            break
+    lines = hlo_text.splitlines()
+    shapes = {op: sorted({shape for shape, o in found(lines) if o == op}) for op in COLLECTIVES}
+    return {"module": count(lines), "loop": loop,
+            "shapes": {op: v for op, v in shapes.items() if v}}

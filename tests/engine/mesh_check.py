@@ -9,7 +9,9 @@ arrivals, an abort) as the single-device engine of the same policy, which must m
 for token, with the same finish reasons; the dynamic engines, given the same cost tables and
 no online refresh, must also plan the same steps and verify the same rows per slot (the fill's
 top-B is global over the slots). Every engine serves with forbid_recompile. Also: the fill on
-slot-sharded inputs, per-device bytes against the shardings, and configuration errors.
+slot-sharded inputs, per-device bytes against the shardings, the collectives of the
+largest verify step (per layer: the body of the scan over the layers), and configuration
+errors.
 
 Prints one JSON line (the summary) last; exits 1 if any check failed.
 """
@@ -33,7 +35,8 @@ from flax import nnx  # noqa: E402
 
 from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig  # noqa: E402
 from lightspec_jax.assets import tiny_pair  # noqa: E402
-from lightspec_jax.engine.sharding import (MODEL, make_mesh, replicated_bytes)  # noqa: E402
+from lightspec_jax.engine.sharding import (MODEL, hlo_collectives, make_mesh,  # noqa: E402
+                                           replicated_bytes)
 
 _CACHE = os.environ.get("LIGHTSPEC_TEST_JAX_CACHE",
                         os.path.join(os.path.dirname(__file__), "..", "..", ".jax_cache"))
@@ -221,15 +224,14 @@ def measure_bytes(name: str, engine: Engine) -> dict:
 
 
 def collectives(engine: Engine) -> dict:
-    """Collective ops in the largest compiled verify step, and the shapes all-gathered."""
+    """Collective ops in the largest compiled verify step: in all, in the scan over the
+    target's layers (per layer), and the shapes all-gathered."""
     registry = engine.runner.decode_registry
     key = max(registry._compiled, key=lambda k: k[0])
-    text = registry._compiled[key].as_text()
-    ops = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-    counts = {op: text.count(f" {op}(") + text.count(f" {op}-start(") for op in ops}
-    gathered = sorted({line.split("=")[1].split(" ")[1] for line in text.splitlines()
-                       if " all-gather(" in line and "=" in line})
-    return dict(counts=counts, all_gather_shapes=gathered[:12])
+    found = hlo_collectives(registry._compiled[key].as_text(),
+                            trip_count=engine.model.config.num_layers)
+    return dict(counts=found["module"], per_layer=found["loop"],
+                all_gather_shapes=found["shapes"].get("all-gather", [])[:12])
 
 
 def check_fill() -> str:

@@ -3,8 +3,9 @@
 XLA_FLAGS=--xla_force_host_platform_device_count=8 only takes effect before jax starts, and
 the rest of the suite runs on one device in this process, so the multi-device checks run in
 one child process (mesh_check.py: engines at TP=2, TP=4, DP=2 and TP=2 x DP=2 against the
-single-device ones, the fill on sharded slots, per-device bytes, configuration errors), whose
-JSON summary is checked here. What needs no second device runs in this process.
+single-device ones, the fill on sharded slots, per-device bytes, the collectives per layer of
+the compiled verify step, configuration errors), whose JSON summary is checked here. What
+needs no second device runs in this process.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def test_mesh_serving_equals_single_device():
         # holds one copy of the KV head its query heads read.
         assert b["target_per_device"] <= b["bound"], (name, b)
         assert b["kv_per_device"] == b["kv_placed"] // (b["dp"] * b["tp"]), (name, b)
+    for name in ("tp2", "tp4"):
+        # Megatron layout: one all-reduce after o_proj and one after down_proj per layer, and
+        # no other collective inside the scan over the layers.
+        per_layer = summary["hlo"][name]["per_layer"]
+        assert per_layer == {**dict.fromkeys(per_layer, 0), "all-reduce": 2}, (name, per_layer)
     tp4 = summary["bytes"]["tp4"]  # 4 devices > 2 KV heads: each head on two devices
     assert tp4["kv_repeat"] == 2 and tp4["kv_heads"] == 4
     assert tp4["kv_per_device"] == tp4["kv_whole"] // 2
