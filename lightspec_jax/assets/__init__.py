@@ -6,7 +6,8 @@
 
 tiny-pair/ holds a Qwen3-architecture target (Hugging Face layout, with its tokenizer), the
 Eagle3 drafter trained for it, a draft LM (a 2-layer Qwen3 sharing the target's vocabulary,
-usable as a drafter too) and TRAINING.md, how they were made (`lightspec-train-pair`).
+usable as a drafter too), a DFlash block drafter (z-lab layout, block 8) and TRAINING.md, how
+they were made (`lightspec-train-pair`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class TinyPair(NamedTuple):
     target: str  # Qwen3 target: config.json, model.safetensors, tokenizer.json
     drafter: str  # its Eagle3 drafter
     draft_lm: str  # a small Qwen3 draft LM for the same target
+    dflash: str  # a DFlash block drafter for the same target
 
 
 def tiny_pair() -> TinyPair:
@@ -30,7 +32,8 @@ def tiny_pair() -> TinyPair:
     installed without its data files."""
     pair = TinyPair(target=os.path.join(_TINY_PAIR, "target"),
                     drafter=os.path.join(_TINY_PAIR, "drafter"),
-                    draft_lm=os.path.join(_TINY_PAIR, "draft-lm"))
+                    draft_lm=os.path.join(_TINY_PAIR, "draft-lm"),
+                    dflash=os.path.join(_TINY_PAIR, "dflash"))
     missing = [p for p in pair if not os.path.isfile(os.path.join(p, "config.json"))]
     if missing:
         raise FileNotFoundError(f"the shipped tiny pair is incomplete: no config.json in "

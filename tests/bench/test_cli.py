@@ -206,7 +206,10 @@ def test_versions_and_assets():
     assert set(versions()) == set(VERSIONS)
     pair = tiny_pair()
     assert pair.target.endswith("tiny-pair/target") and pair.draft_lm.endswith("draft-lm")
-    target, drafter, draft_lm = pair  # also a plain tuple
+    target, drafter, draft_lm, dflash = pair  # also a plain tuple
+    from lightspec_jax.checkpoint import DFLASH, drafter_kind
+
+    assert drafter_kind(dflash) == DFLASH
 
 
 def test_prefill_buckets():
