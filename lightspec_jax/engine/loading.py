@@ -30,7 +30,8 @@ def load_pretrained(target_path: str, drafter_path: str | None, config: EngineCo
         raise ValueError(f"method 'ngram' drafts from the request's own tokens and takes no "
                          f"drafter checkpoint, got drafter_path={drafter_path!r}")
     enable_compilation_cache(config.compilation_cache_dir)
-    model = load_qwen3(target_path, dtype=config.resolved_dtype)
+    model = _load_target(target_path, config) or load_qwen3(target_path,
+                                                           dtype=config.resolved_dtype)
     kind = None if drafter_path is None else drafter_kind(drafter_path)
     if kind is not None and method is not None and kind != method:
         raise ValueError(f"method {method!r} was asked for but {drafter_path!r} holds a "
@@ -58,3 +59,32 @@ def load_pretrained(target_path: str, drafter_path: str | None, config: EngineCo
     tokenizer = Tokenizer.from_file(tok_path) if os.path.isfile(tok_path) else None
     eos = set(model.config.eos_token_ids) | load_eos_ids(target_path)
     return model, drafter, tokenizer, sorted(eos)
+
+
+def _load_target(target_path: str, config: EngineConfig):
+    """The target read straight into the engine's mesh shardings, or None where the whole
+    model is loaded on the host first (no mesh; a converted checkpoint; K/V heads repeated
+    because tensor_parallel_size exceeds them - the repeat is made on the devices then).
+
+    Each process reads only the slices of the safetensors tensors its devices hold
+    (checkpoint.qwen3.load_qwen3_sharded), so the host holds about one shard at a time. The
+    arrays arrive in the shardings the engine's runner places the target in
+    (MeshLayout.place_target), which then moves nothing.
+    """
+    import jax
+    from flax import nnx
+
+    from ..checkpoint.converted import is_converted
+    from ..checkpoint.qwen3 import load_qwen3_sharded, read_qwen3_config
+    from .sharding import MeshLayout, engine_mesh
+
+    mesh = engine_mesh(config)
+    if mesh is None or is_converted(target_path):
+        return None
+    layout = MeshLayout.for_target(mesh, read_qwen3_config(target_path),
+                                   num_slots=config.max_num_seqs)
+    if layout.kv_repeat > 1:
+        return None
+    model, leaves, _ = load_qwen3_sharded(target_path, layout, dtype=config.resolved_dtype)
+    nnx.update(model, jax.tree.unflatten(jax.tree.structure(nnx.state(model)), leaves))
+    return model

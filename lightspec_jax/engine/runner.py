@@ -70,7 +70,9 @@ class ModelRunner:
         if layout is None:
             self.cache, self.dcache, self.state = new_cache(), new_dcache(), new_state()
         else:
-            # The unsharded model given stays where it is (sharded loading is not built).
+            # A target Engine.from_pretrained loaded onto the mesh (loading._load_target)
+            # already holds these shardings: placing it moves nothing. Any other model given
+            # is copied onto the mesh and stays where it is.
             self._t_leaves, self._embed = layout.place_target(t_state)
             self._d_leaves = layout.replicate(self._d_leaves)
             per_slot = lambda tree: layout.slot_shardings(tree, n)  # noqa: E731

@@ -35,8 +35,8 @@ from flax import nnx  # noqa: E402
 
 from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig  # noqa: E402
 from lightspec_jax.assets import tiny_pair  # noqa: E402
-from lightspec_jax.engine.sharding import (MODEL, hlo_collectives, make_mesh,  # noqa: E402
-                                           replicated_bytes)
+from lightspec_jax.engine.sharding import (MODEL, hlo_collectives, leaf_paths,  # noqa: E402
+                                           make_mesh, replicated_bytes)
 
 _CACHE = os.environ.get("LIGHTSPEC_TEST_JAX_CACHE",
                         os.path.join(os.path.dirname(__file__), "..", "..", ".jax_cache"))
@@ -196,6 +196,22 @@ def main() -> int:
         if reason != "abort" and got_out[rid][1] != "abort":  # aborts land by plan
             check(got_out[rid] == (tokens, reason), f"tp2xdp2/dynamic-sweep {rid} differs")
     summary["seconds"]["tp2xdp2/dynamic-sweep"] = round(time.perf_counter() - t0, 2)
+    # Sharded loading: from_pretrained on a TP=2 mesh reads each device's slices of the
+    # safetensors (no whole tensor on the host); the target arrives in the runner's
+    # shardings, which place nothing more, and serves as the single-device engine does.
+    t0 = time.perf_counter()
+    config = EngineConfig(**BASE, **policy_config("static", cost_path), **layout_config("tp2"))
+    engine = Engine.from_pretrained(pair.target, pair.drafter, config=config)
+    q_proj = engine.model.layers.q_proj[...]
+    check(len(q_proj.sharding.device_set) == 2 and not q_proj.sharding.is_fully_replicated,
+          f"from_pretrained on tp2 loaded q_proj as {q_proj.sharding}, not split over 2 devices")
+    placed = dict(zip(leaf_paths(nnx.state(engine.model)), engine.runner._t_leaves))
+    pointers = [[x.data.unsafe_buffer_pointer() for x in a.addressable_shards]
+                for a in (placed["layers.q_proj"], q_proj)]
+    check(pointers[0] == pointers[1], "the runner copied a target it was given sharded")
+    got_out, _ = serve(engine, recorded(engine), *cases[0])
+    check(got_out == want["static"][0][0], "tp2 sharded load: output differs from one device")
+    summary["seconds"]["tp2/sharded-load"] = round(time.perf_counter() - t0, 2)
     summary["fill"] = check_fill()
     summary["errors"] = check_errors(model)
     summary["seconds"]["total"] = round(time.perf_counter() - started, 2)
