@@ -33,27 +33,54 @@ def _serve(plt, result: dict):
     rows = result["rows"]
     cs = list(dict.fromkeys(r["concurrency"] for r in rows))
     policies = list(dict.fromkeys(r["policy"] for r in rows))
-    colors = {p: plt.get_cmap("tab10")(i % 10) for i, p in enumerate(policies)}
-    fig, axes = plt.subplots(1, len(cs), figsize=(3.2 + 2.6 * len(cs), 4.2), squeeze=False)
+    # Several drafters (serve --drafter A B ...): one colour per drafter, the policy alone
+    # under each bar, a legend naming the drafters; otherwise one colour per policy.
+    drafters = list(dict.fromkeys(r["drafter"] for r in rows if r.get("drafter")))
+    cmap = plt.get_cmap("tab10")
+    if drafters:
+        hue = {d: cmap(i % 10) for i, d in enumerate(drafters)}
+        color = lambda r: hue.get(r.get("drafter"), "0.6")  # noqa: E731
+        label = lambda r: r["policy"].split(" @")[0]  # noqa: E731
+    else:
+        hue = {p: cmap(i % 10) for i, p in enumerate(policies)}
+        color = lambda r: hue[r["policy"]]  # noqa: E731
+        label = lambda r: r["policy"]  # noqa: E731
+    most = max(sum(r["concurrency"] == c for r in rows) for c in cs)
+    many = most > 8  # narrow bars: vertical labels and ratios
+    width = max(2.6, 0.32 * most)
+    fig, axes = plt.subplots(1, len(cs), figsize=(3.2 + width * len(cs), 4.6 if many else 4.2),
+                             squeeze=False)
     for ax, c in zip(axes[0], cs):
         cell = [r for r in rows if r["concurrency"] == c]
         plain = next((r["tok_s"] for r in cell if r["policy"] == "none"), None)
         xs = range(len(cell))
         ys = [r["tok_s"] for r in cell]
         err = [[r["tok_s"] - r["tok_s_min"] for r in cell], [r["tok_s_max"] - r["tok_s"] for r in cell]]
-        ax.bar(xs, ys, yerr=err, capsize=4, color=[colors[r["policy"]] for r in cell])
+        ax.bar(xs, ys, yerr=err, capsize=2 if many else 4, color=[color(r) for r in cell])
         for x, r in zip(xs, cell):
             if plain:
                 ax.annotate(f"{r['tok_s'] / plain:.2f}x", (x, r["tok_s_max"]), ha="center",
-                            va="bottom", xytext=(0, 2), textcoords="offset points", fontsize=8)
-        ax.set_xticks(list(xs), [r["policy"] for r in cell], rotation=20)
+                            va="bottom", xytext=(0, 2), textcoords="offset points",
+                            fontsize=7 if many else 8, rotation=90 if many else 0)
+        ax.set_xticks(list(xs), [label(r) for r in cell], rotation=90 if many else 20)
         ax.set_title(f"c = {c} requests in flight, {cell[0]['requests']} prompts")
         ax.set_xlabel("policy")
-        ax.set_ylim(0, 1.15 * max(r["tok_s_max"] for r in cell))
+        ax.set_ylim(0, (1.3 if many else 1.15) * max(r["tok_s_max"] for r in cell))
+    if drafters:
+        from matplotlib.patches import Patch
+
+        axes[0][-1].legend(handles=[Patch(color=hue[d], label=d) for d in drafters],
+                           title="drafter", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                           fontsize=8)
     axes[0][0].set_ylabel("output tokens / s (median; whiskers: min-max)")
     synthetic = (f"  SYNTHETIC acceptance ({s['synthetic']})" if s.get("synthetic") else "")
-    fig.suptitle(f"lightspec-bench serve: {s['workload']} workload, {model_name(s['target'])}, "
-                 f"{result['dtype']}, up to {s['max_tokens']} new tokens, {s['repeats']} repeats"
+    given = s.get("drafter")
+    given = given if isinstance(given, list) else [given] if given else []
+    # one drafter: named in the title (several are told apart by colour)
+    pair = (f" + {model_name(given[0])}" if len(given) == 1 and
+            any("acceptance_rate" in r for r in rows) else "")
+    fig.suptitle(f"lightspec-bench serve: {s['workload']} workload, {model_name(s['target'])}"
+                 f"{pair}, {result['dtype']}, up to {s['max_tokens']} new tokens, {s['repeats']} repeats"
                  f"{synthetic}\nratios over bars: x plain decoding (none)", fontsize=10)
     fig.tight_layout()
     return fig
