@@ -176,25 +176,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"output: {out}\nwork directory: {work_dir}")
     work = Workspace(work_dir, fresh=args.fresh)
     command = "python -m lightspec_jax.train.cli " + shlex.join(argv)
-    if args.stage == "draft-lm":
-        log = build_draft_lm(draft_lm_recipe_from_args(args), out, work,
-                             progress=not args.no_progress, command=command)
-        for stage in DRAFT_LM_STAGES:
+    if args.stage in ("draft-lm", "dflash"):
+        dflash = args.stage == "dflash"
+        build, recipe = ((build_dflash, dflash_recipe_from_args) if dflash
+                         else (build_draft_lm, draft_lm_recipe_from_args))
+        log = build(recipe(args), out, work, progress=not args.no_progress, command=command)
+        stages = DFLASH_STAGES if dflash else DRAFT_LM_STAGES
+        for stage in stages:
             print(f"{stage}: {log[stage]['seconds']:.0f} s")
-        held = log["draft-lm"]["held_out"]
-        print(f"held-out loss {held['loss']:.3f}, agreement with the target {held['acc']:.3f}")
-        for name, r in log["draft-eval"]["quality"].items():
-            print(f"{name}: acceptance length {r['acceptance_length']:.2f}, acceptance rate "
-                  f"{r['acceptance_rate']:.3f}")
-        return 0
-    if args.stage == "dflash":
-        log = build_dflash(dflash_recipe_from_args(args), out, work,
-                           progress=not args.no_progress, command=command)
-        for stage in DFLASH_STAGES:
-            print(f"{stage}: {log[stage]['seconds']:.0f} s")
-        held = log["dflash"]["held_out"]
-        print(f"held-out loss {held['loss']:.3f}, block acceptance length {held['tau']:.2f}")
-        for name, r in log["dflash-eval"]["quality"].items():
+        held = log[stages[1]]["held_out"]
+        print(f"held-out loss {held['loss']:.3f}, " + (
+            f"block acceptance length {held['tau']:.2f}" if dflash
+            else f"agreement with the target {held['acc']:.3f}"))
+        for name, r in log[stages[2]]["quality"].items():
             print(f"{name}: acceptance length {r['acceptance_length']:.2f}, acceptance rate "
                   f"{r['acceptance_rate']:.3f}")
         return 0

@@ -29,9 +29,9 @@ from flax import nnx
 
 from lightspec_jax.models import DFlash, DFlashConfig, Qwen3
 
-from .draft_lm import IGNORE
+from .draft_lm import IGNORE, DraftLMTrainConfig
 from .forward import dflash_blocks, qwen3_hidden
-from .loop import OptimConfig, TrainLog, run
+from .loop import TrainLog, run
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,18 +50,12 @@ class DFlashShape:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DFlashTrainConfig:
-    optim: OptimConfig
-    batch_size: int = 16
+class DFlashTrainConfig(DraftLMTrainConfig):
+    """The draft LM's settings (the same greedy data: sequences, held-out split, seed) plus
+    the block's own."""
+
     anchors: int = 16  # M blocks per sequence per step
     row_decay: float = 0.8  # weight of block row i: row_decay ** (i - 1)
-    # The greedy data: DraftLMTrainConfig's fields and defaults (the same sequences).
-    num_sequences: int = 1024
-    prompt_len: int = 128
-    gen_len: int = 128
-    gen_batch: int = 64
-    held_out: int = 64
-    seed: int = 0
 
 
 def dflash_loss(drafter: DFlash, target: Qwen3, tokens: jax.Array, labels: jax.Array,

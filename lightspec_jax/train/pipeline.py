@@ -59,17 +59,6 @@ class PairRecipe:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DFlashRecipe:
-    corpus: CorpusConfig  # the pair's: its windows are the prompts of the greedy data
-    shape: DFlashShape = DFlashShape()
-    train: DFlashTrainConfig
-    dtype: str = "bfloat16"  # of the shipped weights
-    eval_prompts: int = 20
-    eval_tokens: int = 128
-    eval_k: int = 3
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class DraftLMRecipe:
     corpus: CorpusConfig  # the pair's: its windows are the prompts of the greedy data
     shape: DraftLMShape = DraftLMShape()
@@ -78,6 +67,14 @@ class DraftLMRecipe:
     eval_prompts: int = 20
     eval_tokens: int = 128
     eval_k: int = 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFlashRecipe(DraftLMRecipe):
+    """A DFlash block drafter distilled on the draft LM's greedy data (same corpus fields)."""
+
+    shape: DFlashShape = DFlashShape()
+    train: DFlashTrainConfig
 
 
 # Files each stage leaves in the work directory; they are deleted when its settings change.
