@@ -269,6 +269,7 @@ class Sample:
     depth: int  # d_prev, the depth of the proposal verified
     accept_lens: np.ndarray  # [N'] bonus included
     verify_lens: np.ndarray | None  # [N'] rows verified per request, its target row included
+    uncensored: np.ndarray | None  # [N'] bool: counted in the survival (None: by verify_lens)
     classes: np.ndarray | None  # [N'] sampling classes
     full_width: bool | None  # every usable draft verified (None: judge by N'(d + 1))
 
@@ -298,6 +299,7 @@ def _learnable(obs: StepObservation, accept: np.ndarray) -> Sample | None:
     fill = min(plan.fill_rows - (n - k), k * (plan.verified_depth + 1))
     return Sample(num_requests=k, fill_rows=fill, depth=plan.verified_depth,
                   accept_lens=accept[held], verify_lens=pick(obs.verify_lens),
+                  uncensored=pick(obs.uncensored),
                   classes=pick(obs.sampling_classes),
                   full_width=None if plan.full_rows == 0 else plan.fill_rows >= plan.full_rows)
 

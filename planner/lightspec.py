@@ -310,5 +310,6 @@ class LightSpecPlanner(BasePlanner):
     def _record(self, sample: Sample) -> None:
         self.stats.record(num_requests=sample.num_requests, fill_rows=sample.fill_rows,
                           depth=sample.depth, accept_lens=sample.accept_lens,
-                          verify_lens=sample.verify_lens, step=self.steps,
+                          verify_lens=sample.verify_lens, uncensored=sample.uncensored,
+                          step=self.steps,
                           full_width=sample.full_width, classes=sample.classes)

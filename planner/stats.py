@@ -116,7 +116,8 @@ class AcceptanceStats:
 
     def record(self, *, num_requests: int, fill_rows: int, depth: int, accept_lens: np.ndarray,
                verify_lens: np.ndarray | None, step: int, full_width: bool | None = None,
-               classes: np.ndarray | None = None) -> None:
+               classes: np.ndarray | None = None,
+               uncensored: np.ndarray | None = None) -> None:
         """Fold one executed step into the statistics (callers apply the skip rule first).
 
         full_width: the step verified every row its requests could use (its plan's
@@ -125,6 +126,8 @@ class AcceptanceStats:
         request whose rows were cut by its remaining allowance is censored, and counting it
         would bias the deep positions' survival toward the requests that keep going.
         classes: [N] sampling class of each request (see the module notes), or None (all 0).
+        uncensored: [N] bool, the requests the survival counts (StepObservation.uncensored);
+        None: verify_lens == d + 1.
         """
         accept = np.asarray(accept_lens, dtype=np.float64)  # [N]
         key = (int(num_requests), int(fill_rows), int(depth), _batch_key(classes))
@@ -142,8 +145,11 @@ class AcceptanceStats:
         if full_width is None:
             full_width = fill_rows == num_requests * (depth + 1)
         if full_width:
-            whole = np.ones(accept.shape, bool) if verify_lens is None else (
-                np.asarray(verify_lens) == depth + 1)  # [N] uncensored requests
+            if uncensored is not None:
+                whole = np.asarray(uncensored, bool)  # [N] uncensored requests
+            else:
+                whole = np.ones(accept.shape, bool) if verify_lens is None else (
+                    np.asarray(verify_lens) == depth + 1)
             if self.level.enabled and self.has_survival:  # predicted before this step counts
                 self._levels()
                 self.level.update(self._base, accept[whole], depth)

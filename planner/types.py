@@ -182,6 +182,10 @@ class StepObservation:
       says nothing about acceptance. None: a step planned with M = N, or a mixed step (M < N)
       that cannot say which requests held one, which then teaches nothing - under continuous
       batching at high concurrency nearly every step admits someone, so an engine should say.
+    uncensored: [N] bool, the requests whose proposal was verified as far as it went: their
+      undrafted positions count as rejected in the survival. None: those that verified the
+      whole depth (verify_lens == d + 1). A drafter that may propose fewer than d tokens
+      (n-gram lookup) sets it, so that a short proposal is a miss, not a censored sample.
     """
 
     plan: StepPlan
@@ -194,3 +198,4 @@ class StepObservation:
     verify_lens: np.ndarray | None = None
     sampling_classes: np.ndarray | None = None
     had_proposal: np.ndarray | None = None
+    uncensored: np.ndarray | None = None

@@ -56,6 +56,10 @@ class Drafter(abc.ABC):
     kind: str = "autoregressive"  # or "parallel" (block drafters such as DFlash)
     method: str = ""  # SpeculativeConfig.method it serves ("eagle3", "dflash", "draft_lm", "ngram")
     aux_layers: tuple[int, ...] = ()  # target features it reads (residual entering layer j)
+    # Whether a draft run may propose fewer tokens than its depth (Proposal.length: a lookup
+    # drafter finds no match, or a short one). Such a miss is the drafter's outcome, and the
+    # planner's statistics must count it as rejected drafts, not leave the request out.
+    short_proposals: bool = False
 
     def __init__(self, module: nnx.Module):
         self.graphdef, state = nnx.split(module)

@@ -53,6 +53,7 @@ class NgramDrafter(Drafter):
     """Prompt-lookup drafter (`SpeculativeConfig(method="ngram")`): needs only the target."""
 
     method = "ngram"
+    short_proposals = True
 
     def __init__(self, *, min_n: int = 1, max_n: int = 3, decay: float = 0.99,
                  prior_hits: float = 2.0, prior_trials: float = 4.0):

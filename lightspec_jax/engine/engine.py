@@ -67,6 +67,7 @@ class _InFlight:
     readback: object  # device [N, K+1+5] or None
     confidence: object  # device [N, K] or None
     plan: StepPlan | None
+    with_proposal: np.ndarray  # [N] bool: slots a draft run gave a proposal, at dispatch
     prefill_rows: int
     context_len: int
     busy_at_enqueue: bool
@@ -360,7 +361,8 @@ class Engine:
         return _InFlight(owners=list(scheduler.owner),
                          completing=[c.request for c in batch.prefills if c.completes_prompt],
                          first_tokens=first, readback=readback, confidence=conf, plan=plan,
-                         prefill_rows=batch.prefill_rows, context_len=batch.context_len,
+                         with_proposal=batch.with_proposal, prefill_rows=batch.prefill_rows,
+                         context_len=batch.context_len,
                          busy_at_enqueue=busy, dispatched_at=time.perf_counter())
 
     def _plan(self, batch) -> StepPlan:
@@ -435,9 +437,13 @@ class Engine:
                     # A request ended on the device before this step (the host had not read
                     # it yet): inactive, it took no row, so the others are this step.
                     seen = dataclasses.replace(plan, num_requests=len(accepted))
+                held, uncensored = c.proposal_outcomes(
+                    readback[live], plan.verified_depth, given=flight.with_proposal[live],
+                    room=self.scheduler.remaining[live] + readback[live, c.emitted] - 1,
+                    short_proposals=self.drafter is not None and self.drafter.short_proposals)
                 self.planner.observe(StepObservation(
                     plan=seen, accept_lens=np.minimum(accepted, plan.verified_depth) + 1,
-                    verify_lens=verified + 1, had_proposal=readback[live, c.offered] > 0,
+                    verify_lens=verified + 1, had_proposal=held, uncensored=uncensored,
                     sampling_classes=self.scheduler.acceptance_class[live],
                     context_len=flight.context_len, step_ms=step_ms,
                     draft_plan=drafted if step_ms is not None else None))

@@ -43,6 +43,7 @@ class ScheduledStep:
     prefills: tuple[PrefillChunk, ...]
     num_decoding: int
     num_with_proposal: int
+    with_proposal: np.ndarray  # [N] bool: decoding slots a draft run gave a proposal
     context_len: int  # committed tokens of the decoding requests (the planner's cost axis)
 
     @property
@@ -120,6 +121,7 @@ class Scheduler:
         return ScheduledStep(writes=writes, prefills=tuple(prefills),
                              num_decoding=int(decoding.sum()),
                              num_with_proposal=int((decoding & self.has_proposal).sum()),
+                             with_proposal=decoding & self.has_proposal,
                              context_len=int(self.total_len[decoding].sum()))
 
     def dispatched_decode(self, depth: int) -> None:

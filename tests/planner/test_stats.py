@@ -62,6 +62,22 @@ def test_survival_is_updated_only_by_full_width_steps():
     assert stats.entry(2, 5, 3) == (1.0, 1)
 
 
+def test_uncensored_requests_count_their_missing_drafts_as_rejected():
+    """A short proposal verified whole (a lookup drafter that found 1 token, or none, at
+    depth 3) is a miss at the depths it did not draft when `uncensored` says so; by default
+    (verify_lens < d + 1) it is censored and the survival sees only the full proposal."""
+    accept, verify = np.array([4, 2, 1]), np.array([4, 2, 1])  # depth 3: full, 1 draft, none
+    censored = AcceptanceStats(max_depth=3)
+    censored.record(num_requests=3, fill_rows=12, depth=3, accept_lens=accept,
+                    verify_lens=verify, step=0, full_width=True)
+    counted = AcceptanceStats(max_depth=3)
+    counted.record(num_requests=3, fill_rows=12, depth=3, accept_lens=accept,
+                   verify_lens=verify, step=0, full_width=True,
+                   uncensored=np.array([True, True, True]))
+    np.testing.assert_allclose(censored.survival[1:], [1.0, 1.0, 1.0])
+    np.testing.assert_allclose(counted.survival[1:], [2 / 3, 1 / 3, 1 / 3])
+
+
 def test_young_average_is_a_mean_then_an_ema():
     stats = AcceptanceStats(max_depth=1, progress_decay=0.9)
     record(stats, 16, 32, 1, [1] * 16)  # 0.5

@@ -78,6 +78,26 @@ def test_confidence_learns_the_hit_rate_of_each_match_length():
     assert hits[1] == pytest.approx(1.0) and trials[1] == pytest.approx(2.0)  # untouched
 
 
+def test_a_lookup_miss_counts_as_rejected_drafts():
+    """What the planner learns from a depth-3 step (Readback.proposal_outcomes): with a drafter
+    that may propose short, a request the draft run served with no match, or a short match
+    verified whole, is an uncensored miss; one its allowance cut stays censored; a request
+    admitted since the draft run (not `given`) teaches nothing. Model drafters: unchanged."""
+    from lightspec_jax.engine.batch import Readback
+
+    c = Readback(width=4)
+    rows = np.zeros((5, c.columns), np.int32)
+    # columns (offered, verified): full, short match, no match, cut by allowance, new request
+    rows[:, [c.offered, c.verified]] = [[3, 3], [1, 1], [0, 0], [2, 1], [0, 0]]
+    given = np.array([True, True, True, True, False])
+    room = np.array([5, 5, 5, 1, 5])
+    held, whole = c.proposal_outcomes(rows, 3, given=given, room=room, short_proposals=True)
+    assert held.tolist() == [True, True, True, True, False]
+    assert whole.tolist() == [True, True, True, False, True]  # (the last one is not held)
+    held, whole = c.proposal_outcomes(rows, 3, given=given, room=room, short_proposals=False)
+    assert held.tolist() == [True, True, False, True, False] and whole is None
+
+
 def test_method_ngram_needs_no_drafter_and_speculates(spec_engines, plain_engine):
     engine = spec_engines("ngram_k4")  # built from method="ngram", no drafter given
     assert isinstance(engine.drafter, NgramDrafter)
