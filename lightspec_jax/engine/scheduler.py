@@ -42,9 +42,12 @@ class ScheduledStep:
     writes: tuple[tuple[int, Request | None], ...]  # (slot, admitted request or None: leave)
     prefills: tuple[PrefillChunk, ...]
     num_decoding: int
-    num_with_proposal: int
     with_proposal: np.ndarray  # [N] bool: decoding slots a draft run gave a proposal
     context_len: int  # committed tokens of the decoding requests (the planner's cost axis)
+
+    @property
+    def num_with_proposal(self) -> int:
+        return int(self.with_proposal.sum())
 
     @property
     def prefill_rows(self) -> int:
@@ -120,7 +123,6 @@ class Scheduler:
         decoding = self.decoding
         return ScheduledStep(writes=writes, prefills=tuple(prefills),
                              num_decoding=int(decoding.sum()),
-                             num_with_proposal=int((decoding & self.has_proposal).sum()),
                              with_proposal=decoding & self.has_proposal,
                              context_len=int(self.total_len[decoding].sum()))
 

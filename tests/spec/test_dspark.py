@@ -21,8 +21,7 @@ from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfi
 from lightspec_jax.checkpoint import load_qwen3
 from lightspec_jax.drafters import DSparkDrafter
 from test_lossless import check_random_scenarios
-from test_lossless_aborts import overlap, scenario
-from test_lossless_aborts import serve as serve_with_aborts
+from test_lossless_aborts import check_churn, overlap
 
 from conftest import BASE, fixed_costs
 
@@ -111,18 +110,7 @@ def test_aborts_and_seeded_sampling_stay_lossless(overlapped, static_engine, pla
     output, with aborts mid-flight, staggered arrivals and chunked prefills."""
     rng = np.random.default_rng(11 + overlapped)
     with overlap(static_engine, overlapped) as engine:
-        for case in range(3):
-            requests = scenario(rng, engine, sampled=True)
-            outputs = serve_with_aborts(engine, requests)
-            assert set(outputs) == {r[0] for r in requests}, f"case {case}: lost requests"
-            for rid, prompt, params, _, _ in requests:
-                want, = plain_engine.generate([prompt], params)
-                got = outputs[rid]
-                if got.finish_reason == "abort":
-                    assert got.token_ids == want.token_ids[:len(got.token_ids)], (case, rid)
-                else:
-                    assert got.token_ids == want.token_ids, (case, rid)
-            assert len(engine.scheduler._free_slots) == engine.config.max_num_seqs
+        check_churn(engine, plain_engine, rng, cases=3, sampled=True, label="dspark")
 
 
 def test_the_markov_chain_drafts_and_the_head_sets_confidence(static_engine, bigram,

@@ -73,20 +73,27 @@ def test_aborts_and_churn_stay_lossless(name, overlapped, spec_engines, request)
     sampled = CASES[name][1]
     rng = np.random.default_rng(sum(map(ord, name)) + overlapped)
     with overlap(spec_engines(name), overlapped) as engine:
-        for case in range(6):
-            requests = scenario(rng, engine, sampled)
-            outputs = serve(engine, requests)
-            assert set(outputs) == {r[0] for r in requests}, f"case {case}: lost requests"
-            for rid, prompt, params, _, _ in requests:
-                want, = reference_engine.generate([prompt], params)
-                got = outputs[rid]
-                if got.finish_reason == "abort":
-                    assert got.token_ids == want.token_ids[:len(got.token_ids)], (case, rid)
-                else:
-                    assert got.token_ids == want.token_ids, (name, case, rid)
-                    assert got.finish_reason == want.finish_reason, (name, case, rid)
-            assert not engine.scheduler.running and not engine.scheduler.waiting
-            assert len(engine.scheduler._free_slots) == engine.config.max_num_seqs
+        check_churn(engine, reference_engine, rng, cases=6, sampled=sampled, label=name)
+
+
+def check_churn(engine, reference_engine, rng, *, cases: int, sampled: bool, label: str):
+    """`cases` random scenarios (staggered arrivals, aborts mid-flight) served by `engine`:
+    every request ends, finished ones equal the reference engine's output, aborted ones a
+    prefix of it, and every slot is free again."""
+    for case in range(cases):
+        requests = scenario(rng, engine, sampled)
+        outputs = serve(engine, requests)
+        assert set(outputs) == {r[0] for r in requests}, f"case {case}: lost requests"
+        for rid, prompt, params, _, _ in requests:
+            want, = reference_engine.generate([prompt], params)
+            got = outputs[rid]
+            if got.finish_reason == "abort":
+                assert got.token_ids == want.token_ids[:len(got.token_ids)], (case, rid)
+            else:
+                assert got.token_ids == want.token_ids, (label, case, rid)
+                assert got.finish_reason == want.finish_reason, (label, case, rid)
+        assert not engine.scheduler.running and not engine.scheduler.waiting
+        assert len(engine.scheduler._free_slots) == engine.config.max_num_seqs
 
 
 def test_plain_decoding_overlaps_and_stays_exact(plain_engine):
