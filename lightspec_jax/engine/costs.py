@@ -75,8 +75,10 @@ class CostProfile:
 # own executable per depth, the verify step writes the drafter's cache at every depth; 5: the
 # sweep waits for the draft step, not just the read-back; 6: steps timed back to back with
 # full proposals, as serving runs them; 7: depth prices fitted non-decreasing; 8: the verify
-# table imputes other contexts by the attention route, see verify_context_rule).
-SWEEP_VERSION = 8
+# table imputes other contexts by the attention route, see verify_context_rule; 9: the CPU's
+# reference attention reads 32-position blocks, pallas_kernels.verify_attention.reference_block,
+# which cut its steps by up to a third: tables timed before it overprice every step).
+SWEEP_VERSION = 9
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
