@@ -172,6 +172,11 @@ class BucketRegistry:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._compiled
 
+    @property
+    def compiled(self) -> list[Hashable]:
+        """The keys compiled so far."""
+        return list(self._compiled)
+
     def __call__(self, key: Hashable, *args):
         executable = self._compiled.get(key)
         if executable is None:

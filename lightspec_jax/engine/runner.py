@@ -160,6 +160,36 @@ class ModelRunner:
                                   disable=not show_progress, leave=False):
             registry.build(key)
 
+    def warm_up(self) -> None:
+        """Runs every compiled prefill, decode and draft executable once on an empty batch.
+
+        An executable's first run costs far more than the next ones: on the 2-core CPU a
+        decode step at B = 64 took 30.5 ms the first time and 12.4 / 11.4 ms after, a draft
+        step of depth 3 added 15 ms the first time (BENCHMARKS.md, eleventh session). A dynamic
+        engine uses a dozen or more executables, and with its cost tables read from the cache
+        (no sweep to run them) those first runs landed in its first requests' steps - 10% of
+        a c=64 run's first repeat. Every row of an empty batch is padding: its cache writes
+        are dropped and no slot changes, so this leaves the engine as it was, requests none.
+        """
+        if np.asarray(self.state.active).any():
+            raise RuntimeError("warm_up() needs an idle runner: slots hold requests, and an "
+                               "empty batch's state would replace theirs")
+        n = self.num_slots
+        for key in self.prefill_registry.compiled:
+            self.cache, self.dcache, self.state, _ = self.prefill_registry(
+                key, self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state,
+                PrefillInputs.empty(key[0], n))
+        extra = self.verifier.empty_inputs(n, self.max_depth)
+        decodes = self.decode_registry.compiled
+        for rows, mode in decodes:
+            self.decode(rows, 0, extra, mode=mode)
+        home = self.decode_registry.pick(n)
+        for depth in self.draft_registry.compiled:
+            self.decode(home, depth, extra)
+        if self.prefill_registry.compiled or decodes:
+            jax.block_until_ready((self.cache, self.dcache, self.state))
+        self.state = self.place_state(self.empty_state())
+
     def empty_state(self) -> SlotState:
         """A slot state with no request (what the steps compile against), unplaced."""
         return SlotState.empty(self.num_slots, self.max_depth, self.verifier.support)
