@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calibration import StepCalibration
+from .calibration import HostOverlap, StepCalibration
 from .costs import CostTable
 from .objective import StepCosts, draft_forwards, split_measured_ms
 from .types import PlannerSpec, StepObservation, StepPlan
@@ -39,7 +39,9 @@ class BasePlanner:
         is given). depth_costs (optional): ms of the whole drafting stage after that first
         forward, keyed by depth d, for engines that time it per depth (objective.draft_cost_ms).
         host_costs (optional): the serving loop's host ms per step by requests N, refreshed by
-        observe_host(); with `overlap` a step costs max(device, host), else their sum. Steps
+        observe_host(); `overlap`: the prior for how the loop hides host time (a step costs
+        max(device, host) with it, their sum without; learned from the loop's periods: see
+        calibration.HostOverlap). Steps
         that draft are timed apart (host_draft_costs, learned online only): they dispatch a
         second executable and do more bookkeeping, and one table for both would price
         drafting at whichever regime the planner sat in.
@@ -58,6 +60,7 @@ class BasePlanner:
         self.host_draft_costs = CostTable()  # host ms of steps that draft, by N
         self.calibration = StepCalibration()  # the loop's measured step times vs predicted
         self.overlap = bool(overlap)
+        self.host_overlap = HostOverlap(prior=0.0 if self.overlap else 1.0)
         self.refresh_costs = refresh_costs
         if reprice_every < 1:
             raise ValueError(f"reprice_every must be >= 1, got {reprice_every}")
@@ -173,16 +176,27 @@ class BasePlanner:
         """The loop's measured wall ms of a decode step (between its read-back and the one
         before, both decode steps: the drafting of the proposal it verified, then its verify)
         against the plan's prediction, which prices the same (calibration.py)."""
-        if self.refresh_costs and plan.num_requests > 0:
-            self.calibration.observe(bucket=plan.verify_rows, depth=plan.verified_depth,
-                                     predicted_ms=plan.predicted_ms, measured_ms=period_ms,
-                                     step=self.steps)
+        if not (self.refresh_costs and plan.num_requests > 0):
+            return
+        self.calibration.observe(bucket=plan.verify_rows, depth=plan.verified_depth,
+                                 predicted_ms=plan.predicted_ms, measured_ms=period_ms,
+                                 step=self.steps)
+        if self._priced is not None and self._priced[0][0] == plan.num_requests:
+            # The same step's device and host parts at the prices plan() last used for this
+            # N (pricing another N here would evict plan()'s reused prices).
+            costs = self._priced[1]
+            depth = np.array([plan.verified_depth])
+            device = float(costs.device_ms_grid(np.array([plan.verify_rows]), depth)[0, 0])
+            host = float(costs.host(plan.verified_depth > 0))
+            self.host_overlap.observe(num_requests=plan.num_requests, device_ms=device,
+                                      host_ms=host, period_ms=period_ms)
 
     def _costs(self, n: int) -> StepCosts:
         """Every bucket priced for N requests at the current context (see reprice_every)."""
         tables = (self.target_costs, self.draft_costs, self.depth_costs, self.host_costs,
                   self.host_draft_costs)
-        key = (n, tuple(t.version for t in tables))
+        exposed = self.host_overlap.exposed(n)
+        key = (n, tuple(t.version for t in tables), round(exposed, 2))
         context = self._context
         if self._priced is not None:
             old_key, costs, old_context, at = self._priced
@@ -195,7 +209,7 @@ class BasePlanner:
         costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
                                 num_requests=n, context_len=context,
                                 depth_costs=self.depth_costs, host_costs=self.host_costs,
-                                host_draft_costs=self.host_draft_costs, overlap=self.overlap)
+                                host_draft_costs=self.host_draft_costs, exposed=exposed)
         self._priced = (key, costs, context, self.steps)
         return costs
 

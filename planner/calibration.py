@@ -110,3 +110,74 @@ class StepCalibration:
         if cell is None:
             return 0.0
         return cell[0] * 0.5 ** (max(0, step - cell[2]) / self.half_life)
+
+
+class HostOverlap:
+    """How much of a step's host time the loop fails to hide, by batch size N.
+
+    A step costs the loop max(device, host) + exposed * min(device, host) (objective.StepCosts):
+    exposed = 0 when the smaller hides entirely under the larger (an accelerator with a step in
+    flight), 1 when they add up. Neither end is right on a CPU, where the "device" computes on
+    the cores the host loop runs on: at c=1 a tiny pair's host work hid under its device steps
+    (math: static K=7 ran 8.2 ms per step, its device tables said 8.2, its host table 1.9),
+    while at high concurrency host and device slow each other down. A fixed sum there priced
+    every step about the host time high, which flattens the relative cost of depth (the same
+    ms added to a 5 ms and an 8 ms step) and made the planner draft deep at c=1: K=7 at 2.0 ms
+    per token where K=3 took 1.7 (benchmarks/diagnose_dynamic.py). StepCalibration's ratios
+    cannot undo an additive error: one ratio per regime scales both steps alike.
+
+    So the planner learns `exposed` from the loop's periods: each decode step's measured
+    period P against the device and host ms its plan was priced with gives one sample
+    (P - max) / min, clipped to [0, 1]; an EMA per N, blended with the prior (the engine's
+    `hides_host_time`: 0 on an accelerator, 1 on the CPU) by sample count. An N never measured
+    takes the nearest measured N within a factor 2, else the prior. Device tables refreshed
+    from the same busy periods already hold the contention, so a device-bound loop learns
+    exposed ~ 0, and a host-bound one (whose periods refresh no device table) learns how much
+    device work the host still waits for.
+    """
+
+    def __init__(self, prior: float, *, prior_weight: float = 8.0, decay: float = 0.9) -> None:
+        if not 0.0 <= prior <= 1.0:
+            raise ValueError(f"prior must be in [0, 1], got {prior}")
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.prior = float(prior)
+        self.prior_weight = float(prior_weight)
+        self.decay = decay
+        self._by_n: dict[int, list] = {}  # N -> [mean exposed share, samples]
+        self._keys = np.zeros(0, np.int64)  # sorted measured N
+        self._last: tuple | None = None  # (N, samples seen) -> value, plan() asks every step
+        self._seen = 0
+
+    def observe(self, *, num_requests: int, device_ms: float, host_ms: float,
+                period_ms: float) -> None:
+        """One decode step's measured period against its priced device and host ms."""
+        low, high = min(device_ms, host_ms), max(device_ms, host_ms)
+        if not (num_requests > 0 and low > 0 and math.isfinite(high)
+                and math.isfinite(period_ms) and period_ms > 0):
+            return
+        sample = min(max((period_ms - high) / low, 0.0), 1.0)
+        n = int(num_requests)
+        cell = self._by_n.get(n)
+        if cell is None:
+            cell = self._by_n[n] = [0.0, 0]
+            self._keys = np.array(sorted(self._by_n), np.int64)
+        cell[1] += 1
+        cell[0] += max(1.0 / cell[1], 1.0 - self.decay) * (sample - cell[0])
+        self._seen += 1
+
+    def exposed(self, num_requests: int) -> float:
+        """The share of min(device, host) a step with N requests adds to the larger."""
+        n = int(num_requests)
+        if self._last is not None and self._last[0] == (n, self._seen):
+            return self._last[1]
+        value = self.prior
+        if len(self._keys):
+            i = int(np.argmin(np.abs(np.log(self._keys / max(n, 1)))))
+            near = int(self._keys[i])
+            if max(near, n) <= 2 * max(min(near, n), 1):
+                mean, count = self._by_n[near]
+                w = count / (count + self.prior_weight)
+                value = w * mean + (1.0 - w) * self.prior
+        self._last = ((n, self._seen), value)
+        return value

@@ -189,7 +189,8 @@ class LightSpecPlanner(BasePlanner):
         costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
                                 num_requests=num_requests, context_len=context,
                                 depth_costs=self.depth_costs, host_costs=self.host_costs,
-                                host_draft_costs=self.host_draft_costs, overlap=self.overlap)
+                                host_draft_costs=self.host_draft_costs,
+                                exposed=self.host_overlap.exposed(num_requests))
         bucket = np.array([self.spec.bucket_for(fill_rows)])
         progress = self.stats.progress(num_requests, fill_rows, depth, now=self.steps)
         tokens = min(max(fill_rows * progress, num_requests), num_requests * (depth + 1))

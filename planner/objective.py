@@ -81,8 +81,9 @@ class StepCosts:
 
     A step's price is its wall time in the serving loop: the device's work (target verify,
     drafter commit forward, drafting) and the host's (scheduling, planning, reading back,
-    building outputs), which the loop overlaps with the device when `overlap` is on, so the
-    step costs max(device, host) there and device + host without overlap. Host time follows the
+    building outputs). The loop overlaps the two, more or less: a step costs max(device, host)
+    + exposed * min(device, host), with `exposed` 0 where the smaller hides entirely and 1 where
+    they add up (learned online: calibration.HostOverlap). Host time follows the
     number of requests and whether the step drafts (a second dispatch, more bookkeeping), not
     rows or depth: a host-bound step (host > device) makes extra verify rows free, and the
     planner should take them.
@@ -95,13 +96,13 @@ class StepCosts:
     stage_by_depth: dict[int, float] | None = None  # d -> measured drafting stage ms, if known
     host_ms: float = 0.0  # host ms of a step with this many requests (0: not measured)
     host_draft_ms: float | None = None  # the same for a step that drafts (None: as host_ms)
-    overlap: bool = True  # the loop hides host time under the device's
+    exposed: float = 0.0  # share of min(device, host) added to the larger (0: hidden)
 
     @classmethod
     def price(cls, spec: PlannerSpec, target: CostTable, draft: CostTable, *,
               num_requests: int, context_len: float | None,
               depth_costs: CostTable | None = None, host_costs: CostTable | None = None,
-              host_draft_costs: CostTable | None = None, overlap: bool = True) -> StepCosts:
+              host_draft_costs: CostTable | None = None, exposed: float = 0.0) -> StepCosts:
         buckets = spec.verify_buckets
         t = target.estimate_many(buckets, context_len)
         dr = draft.estimate_many(buckets, context_len)
@@ -128,7 +129,7 @@ class StepCosts:
                    draft_by_bucket=dict(zip(buckets, dr.tolist())),
                    draft_tail=draft.estimate(max(tail_rows, 1), context_len),
                    kind=spec.drafter_kind, stage_by_depth=stage, host_ms=host,
-                   host_draft_ms=host_draft, overlap=overlap)
+                   host_draft_ms=host_draft, exposed=exposed)
 
     def depth_ms(self, depth: int) -> float:
         """The draft run's part after its first forward: the measured stage, (d-1) further
@@ -141,14 +142,16 @@ class StepCosts:
             return self.draft_tail
         return (depth - 1) * self.draft_tail
 
+    def host(self, drafts=False) -> np.ndarray:
+        """Host ms of steps that draft (`drafts`: a bool or bools) or not."""
+        draft_host = self.host_ms if self.host_draft_ms is None else self.host_draft_ms
+        return np.where(drafts, draft_host, self.host_ms)
+
     def wall(self, device_ms: np.ndarray, drafts=False) -> np.ndarray:
         """Loop ms of steps whose device work takes `device_ms` (any shape); `drafts` (a bool,
         or bools broadcasting against device_ms): the steps run a draft stage."""
-        draft_host = self.host_ms if self.host_draft_ms is None else self.host_draft_ms
-        host = np.where(drafts, draft_host, self.host_ms)
-        if self.overlap:
-            return np.maximum(device_ms, host)
-        return device_ms + host
+        host = self.host(drafts)
+        return np.maximum(device_ms, host) + self.exposed * np.minimum(device_ms, host)
 
     def step_ms(self, buckets: np.ndarray, depth: int) -> np.ndarray:
         """Wall ms of a verify of each bucket plus the following draft run ([C] -> [C]).
@@ -157,13 +160,16 @@ class StepCosts:
 
     def step_ms_grid(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """step_ms for every (depth, bucket) pair: [D] x [C] -> [D, C] ms."""
+        return self.wall(self.device_ms_grid(buckets, depths), (depths > 0)[:, None])
+
+    def device_ms_grid(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
+        """The device's part of step_ms_grid: verify, then the draft run ([D] x [C] -> [D, C])."""
         keys = buckets.tolist()
         verify = np.array([self.target_by_bucket[b] for b in keys])  # [C]
         first = np.array([self.draft_by_bucket[b] for b in keys])  # [C]
         drafts = (depths > 0)[:, None]  # [D, 1]
         tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])  # [D]
-        return self.wall(verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0),
-                         drafts)
+        return verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0)
 
 
 def _host_ms(table: CostTable, num_requests: int) -> float:

@@ -14,12 +14,13 @@ BUCKETS = tuple(range(1, 33))
 def test_drafting_steps_pay_their_own_host_time():
     s = PlannerSpec(verify_buckets=(4, 8), draft_depths=(1, 2), max_depth=2, floor=True)
     target, draft = CostTable({4: 5.0, 8: 9.0}), CostTable({4: 0.5, 8: 0.5})
-    for overlap, host, host_draft, floor_ms, spec_ms in (
-            (False, 1.0, 3.0, 6.0, 9.0 + 0.5 + 0.5 + 3.0),
-            (False, 1.0, None, 6.0, 9.0 + 0.5 + 0.5 + 1.0),  # nothing drafted yet: as the floor
-            (True, 1.0, 30.0, 5.0, 30.0)):
+    for exposed, host, host_draft, floor_ms, spec_ms in (
+            (1.0, 1.0, 3.0, 6.0, 9.0 + 0.5 + 0.5 + 3.0),
+            (1.0, 1.0, None, 6.0, 9.0 + 0.5 + 0.5 + 1.0),  # nothing drafted yet: as the floor
+            (0.0, 1.0, 30.0, 5.0, 30.0),
+            (0.5, 1.0, 30.0, 5.5, 30.0 + 0.5 * 10.0)):  # half the smaller part shows
         costs = StepCosts.price(
-            s, target, draft, num_requests=4, context_len=None, overlap=overlap,
+            s, target, draft, num_requests=4, context_len=None, exposed=exposed,
             host_costs=CostTable({4: host}),
             host_draft_costs=None if host_draft is None else CostTable({4: host_draft}))
         grid = costs.step_ms_grid(np.array([4, 8]), np.array([0, 2]))
@@ -84,7 +85,7 @@ def test_the_floor_never_pays_more_host_time_than_drafting():
     target, draft = CostTable({4: 5.0, 8: 9.0}), CostTable({4: 0.5, 8: 0.5})
     for host, host_draft, floor_host in ((10.0, 2.5, 2.5), (1.0, 2.5, 1.0)):
         costs = StepCosts.price(s, target, draft, num_requests=4, context_len=None,
-                                overlap=False, host_costs=CostTable({4: host}),
+                                exposed=1.0, host_costs=CostTable({4: host}),
                                 host_draft_costs=CostTable({4: host_draft}))
         grid = costs.step_ms_grid(np.array([4]), np.array([0, 1]))
         assert grid[0, 0] == pytest.approx(5.0 + floor_host)
@@ -97,6 +98,6 @@ def test_host_time_is_flat_past_the_largest_batch_measured():
     s = PlannerSpec(verify_buckets=(16, 64), draft_depths=(1,), max_depth=1, floor=True)
     target, draft = CostTable({16: 5.0, 64: 9.0}), CostTable({16: 0.5, 64: 0.5})
     costs = StepCosts.price(s, target, draft, num_requests=64, context_len=None,
-                            overlap=False, host_costs=CostTable({12: 2.0}),
+                            exposed=1.0, host_costs=CostTable({12: 2.0}),
                             host_draft_costs=CostTable({12: 3.0}))
     assert costs.host_ms == pytest.approx(2.0) and costs.host_draft_ms == pytest.approx(3.0)

@@ -359,13 +359,13 @@ def test_floor_costs_no_drafter_forward_and_host_time_hides_under_overlap():
     s = spec(k=3, buckets=(4, 8, 16))
     target, draft = CostTable({4: 5.0, 8: 9.0, 16: 17.0}), CostTable({4: 0.1, 8: 0.1, 16: 0.1})
     depth = CostTable({1: 0.5, 2: 1.0, 3: 1.5})
-    for overlap, host, floor_ms in ((True, 2.0, 5.0), (True, 8.0, 8.0), (False, 2.0, 7.0)):
+    for exposed, host, floor_ms in ((0.0, 2.0, 5.0), (0.0, 8.0, 8.0), (1.0, 2.0, 7.0)):
         costs = StepCosts.price(s, target, draft, num_requests=4, context_len=None,
                                 depth_costs=depth, host_costs=CostTable({4: host}),
-                                overlap=overlap)
+                                exposed=exposed)
         assert costs.step_ms(np.array([4]), 0)[0] == pytest.approx(floor_ms)
         device = 5.1 + 1.0  # B = 4, depth 2
-        expect = max(device, host) if overlap else device + host
+        expect = device + host if exposed else max(device, host)
         assert costs.step_ms(np.array([4]), 2)[0] == pytest.approx(expect)
 
 
