@@ -98,15 +98,21 @@ def test_a_lookup_miss_counts_as_rejected_drafts():
     assert held.tolist() == [True, True, False, True, False] and whole is None
 
 
-def test_method_ngram_needs_no_drafter_and_speculates(spec_engines, plain_engine):
+def test_method_ngram_needs_no_drafter_and_speculates(spec_engines, plain_engine, target_dir):
     engine = spec_engines("ngram_k4")  # built from method="ngram", no drafter given
     assert isinstance(engine.drafter, NgramDrafter)
     assert engine.drafter.config[:2] == (1, 3)  # SpeculativeConfig's default n-gram sizes
     prompts = [[7, 8, 9, 10] * 6, [40, 41] * 8]
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    outs = engine.generate(prompts, params)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in plain_engine.generate(prompts,
-                                                                                      params)]
+    want = [o.token_ids for o in plain_engine.generate(prompts, params)]
+    assert [o.token_ids for o in engine.generate(prompts, params)] == want
+    # That it speculates, on a fixed depth: the shared dynamic engine's choices follow what the
+    # tests before this one taught it and the machine's timings (it may sit at the floor).
+    static = Engine(load_qwen3(target_dir), config=EngineConfig(
+        max_num_seqs=2, verify_buckets=(2, 4, 6, 8, 10), speculative=SpeculativeConfig(
+            method="ngram", policy="static", num_speculative_tokens=4), **BASE))
+    outs = static.generate(prompts, params)
+    assert [o.token_ids for o in outs] == want
     assert sum(o.metrics.accepted for o in outs) > 0
 
 
