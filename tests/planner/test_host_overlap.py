@@ -9,8 +9,7 @@ import pytest
 
 from lightspec_jax.planner import CostTable, PlannerSpec, make_planner
 from lightspec_jax.planner.calibration import HostOverlap
-from lightspec_jax.planner.fill import fill_lengths
-from lightspec_jax.planner.types import StepObservation
+from test_host_costs import _outcome  # the step as the device runs it
 
 BUCKETS = tuple(range(1, 33))
 
@@ -51,15 +50,6 @@ def test_an_unmeasured_batch_size_borrows_only_from_a_near_one():
     assert model.exposed(16) < 0.1
     assert model.exposed(24) == model.exposed(16)  # within a factor 2: the nearest N
     assert model.exposed(64) == 1.0 and model.exposed(1) == 1.0  # far off: the prior
-
-
-def _outcome(plan, rng, rate: float) -> StepObservation:
-    n = plan.num_requests
-    verified = fill_lengths(np.full((n, max(plan.verified_depth, 1)), 0.5),
-                            np.full(n, plan.verified_depth), plan.fill_rows - n)  # [N]
-    survive = np.cumprod(rng.random((n, max(plan.verified_depth, 1))) < rate, axis=1).sum(axis=1)
-    return StepObservation(plan=plan, accept_lens=1 + np.minimum(survive, verified),
-                           verify_lens=1 + verified)
 
 
 def _serve(*, prior_overlap: bool, hidden: bool = True, steps: int = 300) -> list[int]:
