@@ -69,7 +69,7 @@ def reference_block() -> int:
     """The reference's KV block (positions per loop iteration) on the default backend.
 
     32 on a CPU: each iteration gathers a [T, block, G, D] tile per row, and smaller tiles
-    stay in cache. Measured on the 2-core CI machine (8 layers, N = 64 slots, G = 2, D = 64;
+    stay in cache. Measured on a 2-core CPU (8 layers, N = 64 slots, G = 2, D = 64;
     ms for all 8 layers at blocks 32 / 128): a 256-row prefill at context <= 30 with S = 112,
     6.2 / 22.1 (the old rule, block = min(128, S), read the whole short strip: 22.1); 64 decode
     rows at context 60, 4.0 / 7.3; 192 verify rows at context 60, 9.2 / 17.8; 64 decode rows at

@@ -122,9 +122,11 @@ class HostOverlap:
     (math: static K=7 ran 8.2 ms per step, its device tables said 8.2, its host table 1.9),
     while at high concurrency host and device slow each other down. A fixed sum there priced
     every step about the host time high, which flattens the relative cost of depth (the same
-    ms added to a 5 ms and an 8 ms step) and made the planner draft deep at c=1: K=7 at 2.0 ms
-    per token where K=3 took 1.7 (benchmarks/diagnose_dynamic.py). StepCalibration's ratios
-    cannot undo an additive error: one ratio per regime scales both steps alike.
+    ms added to a 5 ms and an 8 ms step: deep steps look cheaper than they are), and
+    StepCalibration's ratios cannot undo an additive error (one ratio per regime scales both
+    steps alike). Measured side by side at c=1 on the tiny pair, learning it changed dynamic's
+    throughput by no more than the noise (BENCHMARKS.md, eleventh session): the per-cell
+    calibration had absorbed most of the error there. It stays because it is the loop's model.
 
     So the planner learns `exposed` from the loop's periods: each decode step's measured
     period P against the device and host ms its plan was priced with gives one sample

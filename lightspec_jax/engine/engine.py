@@ -209,7 +209,7 @@ class Engine:
                                                max_depth=k, drafter_kind=drafter.kind,
                                                block_size=block, floor=floor),
                 overlap=hides_host_time(config), **tables, **options)
-        self.runner.warm_up()  # first runs cost several steps' time: not in a request's
+        self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens)
         self._requests: dict[str, Request] = {}  # live or not yet reported as finished
