@@ -10,8 +10,8 @@ is expected to commit u * p tokens. Following LightLLM's final planner (lightspe
   (u = N(d+1)): a trimmed step verifies deep positions only for confident requests and would
   bias s[j] upward for those and leave others unseen;
 * for an unseen key, the survival fill: the device fills depth 1 for every request, then depth
-  2, ...; each row at depth j commits s[j] tokens (an unmeasured depth counts as 1.0, which
-  makes unexplored depths look attractive once).
+  2, ...; each row at depth j commits s[j] tokens (LightLLM counts an unmeasured depth as
+  1.0, which makes unexplored depths look attractive once; we extrapolate, see below).
 
 Additions of ours:
 
@@ -33,6 +33,14 @@ Additions of ours:
 * the fill uses the survival EMAs made non-increasing in j (weighted isotonic regression):
   depth j learns only from full-width steps of depth >= j, which a planner drafts when
   acceptance has been good, so the raw curve can rise with j (see _levels);
+* depths past the deepest measured one, m, continue its last conditional acceptance
+  q = (s[m] / s[m'])^(1 / (m - m')) (m' the measured depth before m, s[0] = 1):
+  s[j] = s[m] q^(j-m). LightLLM's 1.0 assumes the next full-width step measures them, but a
+  depth is measured only by requests with room for the whole proposal: after steps of short
+  requests (a warm-up of a few tokens, a batch near its ends) only depth 1 may be known, every
+  deeper depth then looks free, and the planner drafts deep through trimmed steps that never
+  measure it (the tiny pair, math c=64: depth 5-7 for the first six steps after a 4-token
+  warm-up). Probes still explore deeper depths at full width;
 * staleness: an EMA entry's weight halves every `half_life` steps since its last update and the
   remainder goes to the fill estimate, which exploration probes keep current. Without this a key
   measured long ago, when acceptance was different, would outvote fresh survival data forever.
@@ -306,7 +314,8 @@ class AcceptanceStats:
         """(s, S): the survival the fill uses, and S[f] = s[1] + ... + s[f].
 
         s is the measured survival made non-increasing (weighted isotonic regression), with
-        unmeasured depths at 1.0. P(accept_len > j) cannot grow with j, but the per-depth EMAs
+        depths past the deepest measured one extrapolated (_fit), and 1.0 everywhere before
+        the first measurement. P(accept_len > j) cannot grow with j, but the per-depth EMAs
         can: depth j is fed only by full-width steps of depth >= j, and a planner drafts deep
         when acceptance has been good, so deep depths see a luckier sample (on the tiny pair,
         ShareGPT at c=1: s[4] > s[3] and s[6] = 0.45 > s[5] = 0.29). Uncorrected, such a curve
@@ -330,6 +339,10 @@ class AcceptanceStats:
         return fit
 
     def _fit(self, survival: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """[K+1] the fill's survival from per-depth EMAs ([K+1], NaN = unmeasured): measured
+        depths made non-increasing, a gap between them at 1.0, and depths past the deepest
+        measured one, m, at s[m] q^(j-m), q the conditional acceptance per depth between m and
+        the measured depth before it (depth 0 when there is none: s[0] = 1)."""
         measured = np.isfinite(survival)
         measured[0] = False
         s = np.where(measured, survival, 1.0)
@@ -337,6 +350,13 @@ class AcceptanceStats:
         if idx.size > 1:
             cap = 1.0 / (1.0 - self.survival_decay)  # an EMA's effective sample weight
             s[idx] = non_increasing(survival[idx], np.minimum(weights[idx], cap))
+        if idx.size:
+            m = int(idx[-1])
+            before = int(idx[-2]) if idx.size > 1 else 0
+            ref = s[before] if before else 1.0
+            q = (s[m] / ref) ** (1.0 / (m - before)) if ref > 0 else 0.0
+            tail = np.arange(m + 1, s.size)
+            s[tail] = s[m] * q ** (tail - m)
         s[0] = 0.0
         return s
 

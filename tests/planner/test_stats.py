@@ -47,12 +47,24 @@ def test_survival_fill_values():
     assert fresh.progress(2, 6, 2, now=0) == pytest.approx(5 / 6)
 
 
-def test_unmeasured_depth_counts_as_full_survival():
+def test_depths_past_the_measured_ones_continue_its_conditional_acceptance():
+    """LightLLM counts an unmeasured depth as 1.0; a deeper depth cannot survive more often
+    than a shallower one, so ours continue the last measured conditional acceptance."""
     stats = AcceptanceStats(max_depth=4)
     record(stats, 2, 4, 1, [2, 1])  # full width at depth 1: survival[1] = 0.5 only
     assert np.isnan(stats.survival[2])
-    # (2, 6, 2): 2 target rows + 2 rows at depth 1 (0.5 each) + 2 at depth 2 (unmeasured: 1.0)
-    assert stats.progress(2, 6, 2, now=0) == pytest.approx((2 + 1 + 2) / 6)
+    # (2, 6, 2): 2 target rows + 2 rows at depth 1 (0.5 each) + 2 at depth 2 (0.5 * 0.5 each)
+    assert stats.progress(2, 6, 2, now=0) == pytest.approx((2 + 1 + 0.5) / 6)
+    record(stats, 2, 8, 3, [4, 2])  # depths 1-3 measured; depth 4 follows s[3] / s[2]
+    s, _ = stats._levels()
+    assert s[4] == pytest.approx(s[3] * s[3] / s[2])
+    assert np.all(np.diff(s[1:]) <= 1e-12)
+
+
+def test_nothing_measured_prices_every_depth_as_surviving():
+    stats = AcceptanceStats(max_depth=3)
+    record(stats, 2, 5, 3, [4, 1])  # trimmed: no survival sample
+    assert stats.progress(2, 8, 3, now=0) == pytest.approx(1.0)
 
 
 def test_survival_is_updated_only_by_full_width_steps():
