@@ -71,14 +71,18 @@ def resolved_dtype(dtype: str) -> str:
 
 
 def prefill_buckets(concurrency: int, longest_prompt: int) -> tuple[int, ...]:
-    """Rows per step: one bucket that holds a whole prompt and one for a wave of prompts (at
-    most 256 rows, never below the concurrency), powers of two. Every bucket is compiled at
-    start-up, so two instead of the default six or so save most of the prefill compile time."""
+    """Rows per prefill step: powers of two from 32 (less for short prompts) up to a wave of
+    prompts (at most 256 rows, never below the concurrency, enough for the longest prompt
+    when that fits). Every bucket is compiled at start-up, so this is fewer than the engine's
+    default (from 8 rows); one bucket per wave instead would make a 27-token prompt pay for
+    256 rows (ShareGPT at c=1: 18% of static K=3's throughput, 6% of plain decoding's)."""
+    from lightspec_jax.engine.buckets import powers_of_two  # imports jax: not at CLI start
+
     def pow2(n: int) -> int:
         return 1 << (max(8, n) - 1).bit_length()
 
     top = max(concurrency, min(256, pow2(concurrency * longest_prompt)))
-    return tuple(sorted({min(pow2(longest_prompt), top), top}))
+    return powers_of_two(top, start=min(32, pow2(longest_prompt), top))
 
 
 def serve(args) -> dict:

@@ -213,6 +213,8 @@ def test_versions_and_assets():
 
 
 def test_prefill_buckets():
-    assert prefill_buckets(1, 40) == (64,)  # one prompt, a power of two
-    assert prefill_buckets(64, 40) == (64, 256)  # a prompt; a wave, capped
-    assert prefill_buckets(300, 10) == (16, 300)  # never below the concurrency
+    assert prefill_buckets(1, 40) == (32, 64)  # one prompt: powers of two from 32
+    assert prefill_buckets(1, 20) == (32,)
+    assert prefill_buckets(64, 40) == (32, 64, 128, 256)  # a wave, capped at 256
+    assert prefill_buckets(300, 10) == (16, 32, 64, 128, 256, 300)  # never below the
+    # concurrency; a short prompt's own bucket
