@@ -278,13 +278,23 @@ class Engine:
         """Runs one engine step; returns each request that produced tokens or finished.
 
         The step dispatches new device work before reading the previous step's results (one
-        step in flight with `overlap`), so its outputs are the previous step's. The device ends
-        a request at its stop id or allowance by itself, so nothing past the end is emitted.
+        step in flight with `overlap`), so its outputs are the previous step's - except when
+        the step in flight may end every request it decodes (`_may_drain`): then it reads
+        first, so that no step is spent on finished requests and the next prompt's prefill
+        starts a step earlier. The device ends a request at its stop id or allowance by
+        itself, so nothing past the end is emitted.
         """
         start, compiled = time.perf_counter(), lazy_compile_events()
         with CompileWatch("Engine.step", enabled=self.config.forbid_recompile):
             touched, self._aborted = self._aborted, []
-            flight = None
+            flight = event = None
+            # A step that waits before dispatching is no sample of the overlapped loop.
+            drain = self._may_drain()
+            if drain:
+                flight, self._in_flight = self._in_flight, None
+                changed, event, wait_ms = self._postprocess(flight)
+                touched += changed
+                flight = None
             if self.scheduler.has_work():
                 flight = self._run(self.scheduler.schedule())
             # Host time is priced by whether the step dispatched drafting (planner.base).
@@ -293,10 +303,9 @@ class Engine:
             # sample of a decode step's host time or period: a prompt costs the host far more
             # (on a CPU it computes there), a compile hundreds of ms. One such sample priced
             # a regime several-fold off, and the planner never went back to correct it.
-            sample = not (flight and flight.prefill_rows)
+            sample = not (flight and flight.prefill_rows) and not drain
             if self.config.overlap:
                 flight, self._in_flight = self._in_flight, flight
-            event = None
             if flight is not None:
                 changed, event, wait_ms = self._postprocess(flight)
                 touched += changed
@@ -339,6 +348,20 @@ class Engine:
         return [results[r.request_id] for r in requests]
 
     # --- one step ---------------------------------------------------------------------------
+
+    def _may_drain(self) -> bool:
+        """Whether the decode step in flight may end every request it decodes: each one's
+        remaining allowance is at most the tokens the step can emit (its verified depth + 1;
+        exactly 1 for plain decoding). A step dispatched before reading it would then verify
+        only finished requests - at c=1, one wasted step per request, and the next prompt's
+        prefill queued behind it. Ends at a stop id cannot be foreseen and are not counted."""
+        flight = self._in_flight
+        if flight is None or flight.plan is None or flight.plan.num_requests == 0:
+            return False
+        decoding = self.scheduler.decoding
+        remaining = self.scheduler.remaining[decoding]
+        return bool(remaining.size) and bool(
+            remaining.max() <= flight.plan.verified_depth + 1)
 
     def _run(self, batch) -> _InFlight:
         """Plans and dispatches a scheduled step; never waits for the device."""
