@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .costs import CostTable
+from .stats import non_increasing
 from .types import DrafterKind, PlannerSpec
 
 
@@ -111,7 +112,7 @@ class StepCosts:
         stage = None
         if depth_costs is not None and not depth_costs.is_empty:
             every = range(1, spec.max_depth + 1)  # a proposal may be capped off the grid
-            stage = dict(zip(every, depth_costs.estimate_many(every, context_len).tolist()))
+            stage = dict(zip(every, _deeper_costs_more(depth_costs, every, context_len)))
             stage[0] = 0.0
         host = 0.0
         if host_costs is not None and not host_costs.is_empty and num_requests > 0:
@@ -170,6 +171,19 @@ class StepCosts:
         drafts = (depths > 0)[:, None]  # [D, 1]
         tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])  # [D]
         return verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0)
+
+
+def _deeper_costs_more(depth_costs: CostTable, depths: range,
+                       context_len: float | None) -> list[float]:
+    """The drafting stage's ms by depth, made non-decreasing (weighted by each cell's samples,
+    as the survival is made non-increasing in stats.py): drafting deeper never costs less,
+    but the online refresh can say so. A depth the planner rarely drafts keeps the few
+    samples it got, and one slow one priced it above deeper ones for a whole run (the tiny
+    pair, math c=1: depth 3 at 4.8 ms against 4.5 for depth 4), so it was never drafted to
+    be corrected."""
+    ms = depth_costs.estimate_many(depths, context_len)  # [K]
+    weights = np.array([depth_costs.count(d, context_len) for d in depths], float)  # [K]
+    return (-non_increasing(-ms, weights)).tolist()
 
 
 def _host_ms(table: CostTable, num_requests: int) -> float:

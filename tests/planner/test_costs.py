@@ -7,8 +7,9 @@ import numpy as np
 
 import pytest
 
-from lightspec_jax.planner import CostTable
+from lightspec_jax.planner import CostTable, PlannerSpec
 from lightspec_jax.planner.costs import snap_context
+from lightspec_jax.planner.objective import StepCosts
 
 
 def test_lookup_rounds_up_to_next_key_and_extrapolates_above():
@@ -178,3 +179,21 @@ def test_scale_imputation_for_costs_that_grow_with_the_key():
     assert loaded.impute == "scale" and loaded.estimate(4, 4096) == pytest.approx(4.5)
     with pytest.raises(ValueError, match="impute"):
         CostTable({1: 1.0}, impute="linear")
+
+
+def test_a_deeper_drafting_stage_is_never_priced_cheaper():
+    """The online refresh can leave a rarely drafted depth priced above deeper ones (one slow
+    sample, never corrected because the planner stops drafting it); pricing pools such
+    depths by their samples, so the stage's cost never falls with depth."""
+    spec = PlannerSpec(verify_buckets=(4, 8), draft_depths=(1, 2, 3, 4), max_depth=4)
+    stage = CostTable({1: 0.2, 2: 0.4, 3: 0.6, 4: 0.8})
+    for _ in range(9):
+        stage.update(4, 0.8)  # depth 4: 10 samples at 0.8
+    stage.update(3, 6.0)  # depth 3: 2 samples, one slow
+    raw = stage.estimate(3)
+    assert raw > stage.estimate(4)
+    costs = StepCosts.price(spec, CostTable({4: 5.0, 8: 9.0}), CostTable({4: 0.5, 8: 0.5}),
+                            num_requests=4, context_len=None, depth_costs=stage)
+    ms = [costs.depth_ms(d) for d in (1, 2, 3, 4)]
+    assert ms[:2] == pytest.approx([0.2, 0.4])  # in order already: untouched
+    assert ms[2] == ms[3] == pytest.approx((2 * raw + 10 * 0.8) / 12)  # pooled by samples
