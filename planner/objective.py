@@ -105,14 +105,14 @@ class StepCosts:
               depth_costs: CostTable | None = None, host_costs: CostTable | None = None,
               host_draft_costs: CostTable | None = None, exposed: float = 0.0) -> StepCosts:
         buckets = spec.verify_buckets
-        t = target.estimate_many(buckets, context_len)
-        dr = draft.estimate_many(buckets, context_len)
+        t = _never_cheaper(target, buckets, context_len)
+        dr = _never_cheaper(draft, buckets, context_len)
         tail_rows = num_requests * (spec.block_size if spec.drafter_kind is DrafterKind.PARALLEL
                                     else 1)
         stage = None
         if depth_costs is not None and not depth_costs.is_empty:
             every = range(1, spec.max_depth + 1)  # a proposal may be capped off the grid
-            stage = dict(zip(every, _deeper_costs_more(depth_costs, every, context_len)))
+            stage = dict(zip(every, _never_cheaper(depth_costs, every, context_len).tolist()))
             stage[0] = 0.0
         host = 0.0
         if host_costs is not None and not host_costs.is_empty and num_requests > 0:
@@ -173,17 +173,18 @@ class StepCosts:
         return verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0)
 
 
-def _deeper_costs_more(depth_costs: CostTable, depths: range,
-                       context_len: float | None) -> list[float]:
-    """The drafting stage's ms by depth, made non-decreasing (weighted by each cell's samples,
-    as the survival is made non-increasing in stats.py): drafting deeper never costs less,
-    but the online refresh can say so. A depth the planner rarely drafts keeps the few
-    samples it got, and one slow one priced it above deeper ones for a whole run (the tiny
-    pair, math c=1: depth 3 at 4.8 ms against 4.5 for depth 4), so it was never drafted to
-    be corrected."""
-    ms = depth_costs.estimate_many(depths, context_len)  # [K]
-    weights = np.array([depth_costs.count(d, context_len) for d in depths], float)  # [K]
-    return (-non_increasing(-ms, weights)).tolist()
+def _never_cheaper(table: CostTable, keys, context_len: float | None) -> np.ndarray:
+    """[K] the table's ms at `keys` (rows or depths, ascending), made non-decreasing: more
+    rows, or a deeper draft, never cost less. The online refresh can say otherwise: it splits
+    each measured step over the cells that ran in it, so a cell the planner rarely chooses
+    keeps its few samples, and one slow or fast one misprices it for a whole run, never
+    chosen (or always chosen) to be corrected. On the tiny pair at math c=1 the refreshed
+    tables priced the depth-3 stage at 4.8 ms against 4.5 for depth 4, and 8 verify rows
+    below 4 at a short context. Violating cells are pooled, weighted by their samples (the
+    PAVA fit the survival uses, stats.py), so a well-measured cell moves least."""
+    ms = table.estimate_many(keys, context_len)  # [K]
+    weights = np.array([table.count(k, context_len) for k in keys], float)  # [K]
+    return -non_increasing(-ms, weights)
 
 
 def _host_ms(table: CostTable, num_requests: int) -> float:

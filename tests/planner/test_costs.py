@@ -181,19 +181,24 @@ def test_scale_imputation_for_costs_that_grow_with_the_key():
         CostTable({1: 1.0}, impute="linear")
 
 
-def test_a_deeper_drafting_stage_is_never_priced_cheaper():
-    """The online refresh can leave a rarely drafted depth priced above deeper ones (one slow
-    sample, never corrected because the planner stops drafting it); pricing pools such
-    depths by their samples, so the stage's cost never falls with depth."""
-    spec = PlannerSpec(verify_buckets=(4, 8), draft_depths=(1, 2, 3, 4), max_depth=4)
+def test_more_rows_or_a_deeper_draft_are_never_priced_cheaper():
+    """The online refresh can leave a rarely chosen cell priced above larger ones (one slow
+    sample, never corrected because the planner stops choosing it); pricing pools such cells
+    by their samples, so no step's cost falls with its rows or its depth."""
+    spec = PlannerSpec(verify_buckets=(2, 4, 8), draft_depths=(1, 2, 3, 4), max_depth=4)
     stage = CostTable({1: 0.2, 2: 0.4, 3: 0.6, 4: 0.8})
+    target = CostTable({2: 3.0, 4: 4.0, 8: 5.0})
     for _ in range(9):
         stage.update(4, 0.8)  # depth 4: 10 samples at 0.8
+        target.update(8, 2.0)  # 8 rows: 10 samples drifting below 4 rows' price
     stage.update(3, 6.0)  # depth 3: 2 samples, one slow
-    raw = stage.estimate(3)
-    assert raw > stage.estimate(4)
-    costs = StepCosts.price(spec, CostTable({4: 5.0, 8: 9.0}), CostTable({4: 0.5, 8: 0.5}),
-                            num_requests=4, context_len=None, depth_costs=stage)
+    raw_stage, raw_rows = stage.estimate(3), target.estimate(8)
+    assert raw_stage > stage.estimate(4) and raw_rows < target.estimate(4)
+    costs = StepCosts.price(spec, target, CostTable({2: 0.5, 4: 0.5, 8: 0.5}),
+                            num_requests=2, context_len=None, depth_costs=stage)
     ms = [costs.depth_ms(d) for d in (1, 2, 3, 4)]
     assert ms[:2] == pytest.approx([0.2, 0.4])  # in order already: untouched
-    assert ms[2] == ms[3] == pytest.approx((2 * raw + 10 * 0.8) / 12)  # pooled by samples
+    assert ms[2] == ms[3] == pytest.approx((2 * raw_stage + 10 * 0.8) / 12)  # pooled
+    rows = [costs.target_by_bucket[b] for b in (2, 4, 8)]
+    assert rows[0] == pytest.approx(3.0)
+    assert rows[1] == rows[2] == pytest.approx((1 * 4.0 + 10 * raw_rows) / 11)
