@@ -288,13 +288,11 @@ class Engine:
         with CompileWatch("Engine.step", enabled=self.config.forbid_recompile):
             touched, self._aborted = self._aborted, []
             flight = event = None
-            # A step that waits before dispatching is no sample of the overlapped loop.
             drain = self._may_drain()
-            if drain:
-                flight, self._in_flight = self._in_flight, None
-                changed, event, wait_ms = self._postprocess(flight)
+            if drain:  # read the step in flight before scheduling the next
+                changed, event, wait_ms = self._postprocess(self._in_flight)
+                self._in_flight = None
                 touched += changed
-                flight = None
             if self.scheduler.has_work():
                 flight = self._run(self.scheduler.schedule())
             # Host time is priced by whether the step dispatched drafting (planner.base).
@@ -302,7 +300,8 @@ class Engine:
             # A step that dispatched a prefill, or compiled a variant on first use, is no
             # sample of a decode step's host time or period: a prompt costs the host far more
             # (on a CPU it computes there), a compile hundreds of ms. One such sample priced
-            # a regime several-fold off, and the planner never went back to correct it.
+            # a regime several-fold off, and the planner never went back to correct it. Nor
+            # is a step that read before dispatching: the loop did not overlap there.
             sample = not (flight and flight.prefill_rows) and not drain
             if self.config.overlap:
                 flight, self._in_flight = self._in_flight, flight
