@@ -148,10 +148,18 @@ def _distinct(a: dict, b: dict) -> bool:
     policies back to back, so the machine's drift between repeats (plain decoding moved 258 ->
     312 tok/s between two repeats of one cell) cancels in the per-repeat ratio: the faster
     median must win in EVERY repeat, by DISTINCT_RATIO in the median. Rows without per-repeat
-    figures fall back to disjoint min-max ranges."""
+    figures, or (serve with several drafters: one group of engines at a time) without two
+    rounds in common, fall back to disjoint min-max ranges."""
     slow, fast = sorted((a, b), key=lambda r: r["tok_s"])
-    pairs = list(zip(slow.get("tok_s_repeats") or [], fast.get("tok_s_repeats") or []))
+    slow_runs, fast_runs = _by_round(slow), _by_round(fast)
+    pairs = [(slow_runs[k], fast_runs[k]) for k in slow_runs if k in fast_runs]
     if len(pairs) < 2:
         return slow["tok_s_max"] < fast["tok_s_min"]
     ratios = [f / s for s, f in pairs]
     return min(ratios) > 1.0 and statistics.median(ratios) >= DISTINCT_RATIO
+
+
+def _by_round(row: dict) -> dict:
+    """A row's per-repeat tok/s keyed by the round it ran in (its index where unrecorded)."""
+    values = row.get("tok_s_repeats") or []
+    return dict(zip(row.get("repeat_rounds") or range(len(values)), values))

@@ -118,44 +118,32 @@ def serve(args) -> dict:
         params = [SamplingParams(max_tokens=min(args.max_tokens, max(it.output_len, 1)),
                                  temperature=args.temperature, seed=i, ignore_eos=args.ignore_eos)
                   for i, it in enumerate(items)]
-        longest = max(len(p) for p in prompts)
         engines = {}
-        for name, depth, verification, invariant, drafter in policies:
-            label = policy_name(name, depth or None) + {
-                "exact": "", "probabilistic": " prob", "coupled": " coupled"}[verification] + (
-                " inv" if invariant else "") + (f" @{tags[drafter]}" if depth and len(tags) > 1
-                                                else "")
-            what = "compiling its buckets" + (", timing them for the planner" if depth else "")
-            print(f"[c={c}] building engine {label}: {what}", flush=True)
-            start = time.perf_counter()
-            engine = build_engine(args, policy=name, depth=depth, concurrency=c,
-                                  max_model_len=longest + args.max_tokens + 1,
-                                  longest_prompt=longest, synthetic=args.synthetic,
-                                  verification=verification, batch_invariant=invariant,
-                                  drafter=drafter,
-                                  # the timed runs time serving, not first-use compiles
-                                  precompile_sampling="temperature" if args.temperature > 0
-                                  else "none")
-            startup = time.perf_counter() - start
-            # A short full-batch run: each executable's first call (allocation, thread pools)
-            # stays out of the timing.
-            warm = min(c, len(prompts))
-            engine.generate(prompts[:warm], [dataclasses.replace(p, max_tokens=min(
-                p.max_tokens, 4)) for p in params[:warm]])
-            engines[label] = _Measured(engine=engine, startup_s=startup, speculative=bool(depth),
-                                       drafter=tags[drafter] if depth and len(tags) > 1
-                                       else None)
-            print(f"[c={c}] {label} ready in {startup:.1f} s", flush=True)
-        labels = list(engines)
-        print(f"[c={c}] serving {len(prompts)} prompts with each policy, {args.repeats} times, "
-              "in rotated order", flush=True)
-        for rep in range(args.repeats):
-            order = labels[rep % len(labels):] + labels[:rep % len(labels)]
-            for label in order:
-                engines[label].run(prompts, params)
-            print(f"[c={c}] serving, repeat {rep + 1}/{args.repeats}: " + ", ".join(
-                f"{label} {engines[label].tok_s[-1]:.0f}" for label in order) + " tok/s",
-                flush=True)
+        # One group of engines alive at a time, each served side by side with plain decoding
+        # (kept across groups): on a CPU each engine holds ~1,100 JIT-compiled kernels at 3
+        # memory maps apiece, and a process may hold 65,530 maps (Linux's default
+        # vm.max_map_count) - about 20 engines, fewer than four drafters' policies at once.
+        # So with several drafters, each drafter's policies are a group, freed before the next
+        # (plain decoding then runs with every group; its row spans all of its runs).
+        groups = [[p for p in policies if not p[1] or p[4] == d] for d in drafters] \
+            if len(drafters) > 1 else [policies]
+        for g, group in enumerate(groups):
+            built = _build_group(args, engines, group, tags, c, prompts, params)
+            labels = [label for label, m in engines.items()
+                      if label in built or not m.speculative]
+            print(f"[c={c}] serving {len(prompts)} prompts with each policy, {args.repeats} "
+                  "times, in rotated order", flush=True)
+            for rep in range(args.repeats):
+                order = labels[rep % len(labels):] + labels[:rep % len(labels)]
+                for label in order:
+                    engines[label].run(prompts, params, round_=g * args.repeats + rep)
+                print(f"[c={c}] serving, repeat {rep + 1}/{args.repeats}: " + ", ".join(
+                    f"{label} {engines[label].tok_s[-1]:.0f}" for label in order) + " tok/s",
+                    flush=True)
+            for label in built:
+                if engines[label].speculative:
+                    engines[label].release()
+            gc.collect()
         for label, m in engines.items():
             row = m.row(concurrency=c, policy=label, requests=len(prompts))
             # against plain decoding in the same batch-invariance setting
@@ -164,14 +152,48 @@ def serve(args) -> dict:
                     and args.temperature == 0:
                 row["identical_to_none"] = m.token_ids == plain.token_ids
             rows.append(row)
-        # Free this concurrency's engines before building the next ones: each holds ~1,100
-        # JIT-compiled kernels on a CPU, 3 memory maps apiece, and a process may hold 65,530
-        # maps (Linux's default vm.max_map_count) - about 20 engines; collect now, so their
-        # kernels are unmapped before the next ones compile.
+        # Free this concurrency's engines before building the next ones (the map limit above):
+        # they do not leave promptly without a collection.
         del engines, plain
         gc.collect()
     return {"command": "serve", "rows": rows, "dtype": resolved_dtype(args.dtype),
             "prompts_per_concurrency": {r["concurrency"]: r["requests"] for r in rows}}
+
+
+def _build_group(args, engines: dict, group, tags, c: int, prompts, params) -> list[str]:
+    """Builds and warms one engine per (policy, verification, invariance, drafter) in group
+    that `engines` lacks; returns the labels built."""
+    longest = max(len(p) for p in prompts)
+    built = []
+    for name, depth, verification, invariant, drafter in group:
+        label = policy_name(name, depth or None) + {
+            "exact": "", "probabilistic": " prob", "coupled": " coupled"}[verification] + (
+            " inv" if invariant else "") + (f" @{tags[drafter]}" if depth and len(tags) > 1
+                                            else "")
+        if label in engines:
+            continue
+        what = "compiling its buckets" + (", timing them for the planner" if depth else "")
+        print(f"[c={c}] building engine {label}: {what}", flush=True)
+        start = time.perf_counter()
+        engine = build_engine(args, policy=name, depth=depth, concurrency=c,
+                              max_model_len=longest + args.max_tokens + 1,
+                              longest_prompt=longest, synthetic=args.synthetic,
+                              verification=verification, batch_invariant=invariant,
+                              drafter=drafter,
+                              # the timed runs time serving, not first-use compiles
+                              precompile_sampling="temperature" if args.temperature > 0
+                              else "none")
+        startup = time.perf_counter() - start
+        # A short full-batch run: each executable's first call (allocation, thread pools)
+        # stays out of the timing.
+        warm = min(c, len(prompts))
+        engine.generate(prompts[:warm], [dataclasses.replace(p, max_tokens=min(
+            p.max_tokens, 4)) for p in params[:warm]])
+        engines[label] = _Measured(engine=engine, startup_s=startup, speculative=bool(depth),
+                                   drafter=tags[drafter] if depth and len(tags) > 1 else None)
+        print(f"[c={c}] {label} ready in {startup:.1f} s", flush=True)
+        built.append(label)
+    return built
 
 
 class _Measured:
@@ -182,11 +204,14 @@ class _Measured:
         self.drafter = drafter
         self.tok_s: list[float] = []
         self.wall_s: list[float] = []
+        self.rounds: list[int] = []
         self.token_ids = None
         self.counters = {"steps": 0, "verified": 0, "accepted": 0}
         self.spec_steps = self.rows = self.depth = 0.0
 
-    def run(self, prompts, params) -> None:
+    def run(self, prompts, params, round_: int) -> None:
+        """One timed run; runs of one round are back to back (report._distinct pairs them)."""
+        self.rounds.append(round_)
         before = self._stats()
         start = time.perf_counter()
         outs = self.engine.generate(prompts, params)
@@ -209,6 +234,11 @@ class _Measured:
             self.depth += (after["mean_draft_depth"] * after["spec_steps"]
                            - before["mean_draft_depth"] * before["spec_steps"])
 
+    def release(self) -> None:
+        """Drops the engine (its compiled executables go at the next collection); what its
+        runs measured stays."""
+        self.engine = None
+
     def _stats(self) -> dict | None:
         stats = self.engine.stats
         return stats.summary() if stats is not None and self.speculative else None
@@ -217,7 +247,8 @@ class _Measured:
         s = spread(self.tok_s)
         row = {**key, **({"drafter": self.drafter} if self.drafter else {}),
                "tok_s": s["median"], "tok_s_min": s["min"], "tok_s_max": s["max"],
-               "tok_s_repeats": s["values"], "wall_s_repeats": self.wall_s,
+               "tok_s_repeats": s["values"], "repeat_rounds": self.rounds,
+               "wall_s_repeats": self.wall_s,
                "startup_s": self.startup_s}
         if self.spec_steps:
             t = self.counters

@@ -218,3 +218,24 @@ def test_prefill_buckets():
     assert prefill_buckets(64, 40) == (32, 64, 128, 256)  # a wave, capped at 256
     assert prefill_buckets(300, 10) == (16, 32, 64, 128, 256, 300)  # never below the
     # concurrency; a short prompt's own bucket
+
+
+def test_ranking_pairs_only_runs_of_one_round():
+    """With several drafters serve runs one group of engines at a time: rows from different
+    groups share no round, so their repeats are not paired and only disjoint ranges order
+    them; rows that share rounds are paired on those rounds alone."""
+    def row(policy, repeats, rounds):
+        return {"concurrency": 1, "policy": policy, "tok_s": sorted(repeats)[len(repeats) // 2],
+                "tok_s_min": min(repeats), "tok_s_max": max(repeats),
+                "tok_s_repeats": repeats, "repeat_rounds": rounds}
+    # plain decoding runs with both groups; each drafter's policy beats it in its own rounds
+    plain = row("none", [300, 227, 200, 190], [0, 1, 2, 3])
+    first = row("static:3 @a", [330, 250], [0, 1])
+    second = row("static:3 @b", [300, 220], [2, 3])
+    assert ranking([plain, first]) == ["c=1: none < static:3 @a"]
+    assert ranking([plain, second]) == ["c=1: none < static:3 @b"]
+    # different groups, overlapping ranges: a tie
+    assert ranking([first, second]) == ["c=1: static:3 @a ~ static:3 @b"]
+    # paired by index instead, @a would lead in every repeat
+    unrounded = [{k: v for k, v in r.items() if k != "repeat_rounds"} for r in (first, second)]
+    assert ranking(unrounded) == ["c=1: static:3 @b < static:3 @a"]
