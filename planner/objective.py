@@ -54,7 +54,8 @@ def draft_cost_ms(spec: PlannerSpec, draft: CostTable, *, num_requests: int, ver
 
     Autoregressive (Eagle3): one forward over the verified rows writes their draft KV and yields
     draft token 1 at each accepted tail; each further depth runs one row per request:
-    D(B) + (d-1) D(N). Parallel (block): D(B) + D(N * block_size), the block is one forward.
+    D(B) + (d-1) D(N). Parallel (block): D(B) + D(N * block rows), the block is one forward
+    (spec.block_rows: the whole block, or the drafts and the bonus row of one cut to d).
     (lightspec-algorithm.md §5.)
 
     depth_costs: the measured drafting stage that follows the first forward, ms by depth d (an
@@ -70,7 +71,7 @@ def draft_cost_ms(spec: PlannerSpec, draft: CostTable, *, num_requests: int, ver
     if depth_costs is not None and not depth_costs.is_empty:
         return first + depth_costs.estimate(depth, context_len)
     if spec.drafter_kind is DrafterKind.PARALLEL:
-        return first + draft.estimate(num_requests * spec.block_size, context_len)
+        return first + draft.estimate(num_requests * spec.block_rows(depth), context_len)
     if depth == 1:
         return first
     return first + (depth - 1) * draft.estimate(num_requests, context_len)
@@ -92,9 +93,10 @@ class StepCosts:
 
     target_by_bucket: dict[int, float]  # B -> ms of the target verify
     draft_by_bucket: dict[int, float]  # B -> ms of the first draft forward over B rows
-    draft_tail: float  # ms of one further depth (autoregressive) or the block (parallel)
-    kind: DrafterKind
-    stage_by_depth: dict[int, float] | None = None  # d -> measured drafting stage ms, if known
+    draft_tail: float  # ms of one further depth (autoregressive)
+    # d -> ms of the drafting stage after the first forward: measured, or a parallel drafter's
+    # block forward; None: (d - 1) * draft_tail
+    stage_by_depth: dict[int, float] | None = None
     host_ms: float = 0.0  # host ms of a step with this many requests (0: not measured)
     host_draft_ms: float | None = None  # the same for a step that drafts (None: as host_ms)
     exposed: float = 0.0  # share of min(device, host) added to the larger (0: hidden)
@@ -107,12 +109,14 @@ class StepCosts:
         buckets = spec.verify_buckets
         t = _never_cheaper(target, buckets, context_len)
         dr = _never_cheaper(draft, buckets, context_len)
-        tail_rows = num_requests * (spec.block_size if spec.drafter_kind is DrafterKind.PARALLEL
-                                    else 1)
         stage = None
+        every = range(1, spec.max_depth + 1)  # a proposal may be capped off the grid
         if depth_costs is not None and not depth_costs.is_empty:
-            every = range(1, spec.max_depth + 1)  # a proposal may be capped off the grid
             stage = dict(zip(every, _never_cheaper(depth_costs, every, context_len).tolist()))
+            stage[0] = 0.0
+        elif spec.drafter_kind is DrafterKind.PARALLEL:  # the block forward, by its rows
+            stage = {d: draft.estimate(max(num_requests * spec.block_rows(d), 1), context_len)
+                     for d in every}
             stage[0] = 0.0
         host = 0.0
         if host_costs is not None and not host_costs.is_empty and num_requests > 0:
@@ -128,8 +132,8 @@ class StepCosts:
                 host = min(host, host_draft)
         return cls(target_by_bucket=dict(zip(buckets, t.tolist())),
                    draft_by_bucket=dict(zip(buckets, dr.tolist())),
-                   draft_tail=draft.estimate(max(tail_rows, 1), context_len),
-                   kind=spec.drafter_kind, stage_by_depth=stage, host_ms=host,
+                   draft_tail=draft.estimate(max(num_requests, 1), context_len),
+                   stage_by_depth=stage, host_ms=host,
                    host_draft_ms=host_draft, exposed=exposed)
 
     def depth_ms(self, depth: int) -> float:
@@ -139,8 +143,6 @@ class StepCosts:
             return 0.0
         if self.stage_by_depth is not None:
             return self.stage_by_depth[depth]
-        if self.kind is DrafterKind.PARALLEL:
-            return self.draft_tail
         return (depth - 1) * self.draft_tail
 
     def host(self, drafts=False) -> np.ndarray:
@@ -205,7 +207,7 @@ def draft_forwards(spec: PlannerSpec, *, num_requests: int, verify_rows: int, de
     if with_stage:
         return [("draft", verify_rows, 1), ("depth", depth, 1)]
     if spec.drafter_kind is DrafterKind.PARALLEL:
-        return [("draft", verify_rows, 1), ("draft", num_requests * spec.block_size, 1)]
+        return [("draft", verify_rows, 1), ("draft", num_requests * spec.block_rows(depth), 1)]
     return [("draft", verify_rows, 1)] + ([("draft", num_requests, depth - 1)]
                                           if depth > 1 else [])
 

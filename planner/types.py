@@ -52,13 +52,17 @@ class PlannerSpec:
 
     verify_buckets: compiled verify row counts, strictly increasing. The largest bucket bounds the
       number of requests per step: plan() raises ValueError when N exceeds it.
-    draft_depths: depths the drafter may run, each in 1..max_depth. A parallel drafter always
-      drafts its whole block: draft_depths must be (max_depth,).
+    draft_depths: depths the drafter may run, each in 1..max_depth. A parallel drafter that
+      runs its whole block whatever it reads out (block_lead None) has one:
+      draft_depths must be (max_depth,).
     floor: the engine can also run depth 0, a step that drafts nothing (its next step verifies
       one row per request) while its drafter stays current (the engine's verify step writes the
       drafter's cache at every depth): the no-speculation floor, priced like any depth.
     block_size: rows per request of one parallel-drafter forward (DFlash block); None for an
       autoregressive drafter. Defaults to max_depth for a parallel drafter.
+    block_lead: a parallel drafter that cuts its block to the depth (DFlash): the block's rows
+      besides its drafts (1, the bonus row), so drafting d tokens is a forward of
+      block_lead + d rows per request (block_rows). None: the whole block, always.
     """
 
     verify_buckets: tuple[int, ...]
@@ -66,6 +70,7 @@ class PlannerSpec:
     max_depth: int
     drafter_kind: DrafterKind = DrafterKind.AUTOREGRESSIVE
     block_size: int | None = None
+    block_lead: int | None = None
     floor: bool = False
 
     def __post_init__(self) -> None:
@@ -84,22 +89,33 @@ class PlannerSpec:
                 f"draft_depths must be a non-empty subset of 1..{self.max_depth}, got "
                 f"{tuple(self.draft_depths)}")
         block = self.block_size
+        lead = self.block_lead
         if kind is DrafterKind.PARALLEL:
-            if depths != (self.max_depth,):
+            if lead is None and depths != (self.max_depth,):
                 raise ValueError(
-                    f"a parallel drafter always drafts its whole block: draft_depths must be "
-                    f"({self.max_depth},), got {depths}")
+                    f"a parallel drafter that runs its whole block drafts one depth: "
+                    f"draft_depths must be ({self.max_depth},), got {depths} (a drafter that "
+                    f"cuts its block to the depth sets block_lead)")
             block = self.max_depth if block is None else int(block)
             if block < 1:
                 raise ValueError(f"block_size must be >= 1, got {block}")
-        elif block is not None:
-            raise ValueError("block_size applies to parallel drafters only; leave it None")
+            if lead is not None and not 0 <= lead <= block - self.max_depth:
+                raise ValueError(f"block_lead must be in [0, block_size - max_depth = "
+                                 f"{block - self.max_depth}], got {lead}")
+        elif block is not None or lead is not None:
+            raise ValueError("block_size and block_lead apply to parallel drafters only; leave "
+                             "them None")
         object.__setattr__(self, "verify_buckets", buckets)
         object.__setattr__(self, "draft_depths", depths)
         object.__setattr__(self, "max_depth", int(self.max_depth))
         object.__setattr__(self, "drafter_kind", kind)
         object.__setattr__(self, "block_size", block)
+        object.__setattr__(self, "block_lead", None if lead is None else int(lead))
         object.__setattr__(self, "floor", bool(self.floor))
+
+    def block_rows(self, depth: int) -> int:
+        """Rows per request of the parallel drafter's forward that drafts `depth` tokens."""
+        return self.block_size if self.block_lead is None else self.block_lead + depth
 
     @property
     def choices(self) -> tuple[int, ...]:

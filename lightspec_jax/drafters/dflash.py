@@ -51,6 +51,7 @@ class DFlashDrafter(Drafter):
     kind = "parallel"
     method = "dflash"
     first_row = 1  # the block row of draft 1 (row 0 holds the bonus token)
+    truncates_block = True  # depth d drafts with a block of first_row + d rows (block_rows)
 
     def __init__(self, model: DFlash, target: Qwen3):
         """model: the DFlash draft model; target: the Qwen3 it drafts for (its lm_head reads
@@ -82,6 +83,16 @@ class DFlashDrafter(Drafter):
         return self.module(param_leaves).model.write_context(rows.hidden, rows.position,
                                                              rows.slot, cache)
 
+    def block_rows(self, depth: int) -> int:
+        """Rows of the block forward that drafts `depth` tokens: the bonus row and `depth`
+        mask rows when the drafter truncates its block, else the whole trained block.
+        Attention is not causal inside the block, so a truncated block's rows differ from the
+        whole block's (the shipped drafter, trained on whole blocks of 8, accepts about as
+        often either way: BENCHMARKS.md, "Thirteenth session"); a shorter block is a cheaper
+        forward, which is what a dynamic engine's choice of depth buys with a block
+        drafter."""
+        return self.first_row + depth if self.truncates_block else self.block_size
+
     @property
     def block_depth(self) -> int:
         """Drafts one block forward yields: the most this drafter drafts per step."""
@@ -108,10 +119,8 @@ class DFlashDrafter(Drafter):
         wrapped = self.module(param_leaves)
         n = last_token.shape[0]
         slots = jnp.where(drafting, jnp.arange(n, dtype=jnp.int32), n)  # [N]
-        tokens = jnp.full((n, self.block_size), self.config.mask_token_id, jnp.int32)
-        tokens = tokens.at[:, 0].set(last_token)  # [N, P]
-        # The whole trained block always runs (non-causal attention: fewer masks would change
-        # every row); only the first `depth` drafts are read out.
+        tokens = jnp.full((n, self.block_rows(depth)), self.config.mask_token_id, jnp.int32)
+        tokens = tokens.at[:, 0].set(last_token)  # [N, P'] (P' = block_rows(depth))
         out = wrapped.model(tokens, seq_len, slots, cache, embed=target_embed)
         rows = out.hidden[:, self.first_row:self.first_row + depth]  # [N, d, H]
         return out.cache, self.read_out(wrapped, rows, last_token=last_token, seq_len=seq_len,

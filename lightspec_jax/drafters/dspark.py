@@ -35,6 +35,8 @@ class DSparkDrafter(DFlashDrafter):
     kind = "parallel"
     method = "dspark"
     first_row = 0  # every block row drafts
+    # Always the whole block: DeepSpec's confidence head is calibrated on whole blocks.
+    truncates_block = False
 
     def read_out(self, wrapped, rows, *, last_token, seq_len, max_depth, target_embed,
                  sampling):

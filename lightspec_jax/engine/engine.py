@@ -101,11 +101,11 @@ class Engine:
                  drafter: Drafter | None = None, verifier=None):
         """model: a Qwen3 target; drafter: an Eagle3, DFlash, DSpark, draft-LM or n-gram
         drafter (speculative policies; with SpeculativeConfig(method="ngram") the engine makes
-        its own; a DFlash drafter drafts at most block_size - 1 tokens, a DSpark one
-        block_size, always its whole block); verifier: how drafts are accepted (default from
-        `config.speculative.verification`: exact match, lossless token for token, or rejection
-        sampling; the benchmarks inject `SyntheticAcceptance`, also chosen by
-        `config.synthetic_acceptance`)."""
+        its own; a DFlash drafter drafts at most block_size - 1 tokens from a block cut to
+        the depth, a DSpark one block_size, always from its whole block); verifier: how drafts
+        are accepted (default from `config.speculative.verification`: exact match, lossless
+        token for token, or rejection sampling; the benchmarks inject `SyntheticAcceptance`,
+        also chosen by `config.synthetic_acceptance`)."""
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -146,8 +146,11 @@ class Engine:
             drafter.check_max_depth(k)
         depths = ()
         if speculative:
-            # A parallel drafter's one forward drafts its whole block: K is its only depth.
-            depths = (tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC and not parallel
+            # Dynamic drafting chooses among depths 1..K: draft forwards (autoregressive) or
+            # block rows (a block drafter that truncates its block: drafters/dflash.py
+            # block_rows). One that runs its whole block whatever it reads out has one depth.
+            choose = not parallel or drafter.truncates_block
+            depths = (tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC and choose
                       else (k,))
         # Verify rows write up to K past seq_len and drafting up to K more.
         cache_len = _cache_len(config.max_model_len + 2 * k)
@@ -204,10 +207,13 @@ class Engine:
             # choice: the no-speculation floor.
             floor = spec.policy is Policy.DYNAMIC
             block = drafter.block_size if parallel else None  # rows of one block forward
+            # rows of a cut block besides its drafts (drafters/dflash.py block_rows)
+            lead = drafter.first_row if parallel and drafter.truncates_block else None
             self.planner = make_planner(
                 spec.policy.value, PlannerSpec(verify_buckets=decode_buckets, draft_depths=depths,
                                                max_depth=k, drafter_kind=drafter.kind,
-                                               block_size=block, floor=floor),
+                                               block_size=block, block_lead=lead,
+                                               floor=floor),
                 overlap=hides_host_time(config), **tables, **options)
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
         self.stats = EngineStats(synthetic_acceptance=verifier.name)

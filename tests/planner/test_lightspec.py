@@ -110,8 +110,37 @@ def test_draft_cost_per_drafter_kind():
     dspark = spec(k=3, buckets=(8,), kind="parallel")
     assert draft_cost_ms(dspark, CostTable({8: 0.8}), num_requests=4, verify_rows=8,
                          depth=3) == pytest.approx(2.0)
+    # a block cut to the depth (block_lead 1, the bonus row): d + 1 rows per request
+    cut = PlannerSpec(verify_buckets=(16,), draft_depths=(1, 2, 3, 7), max_depth=7,
+                      drafter_kind=DrafterKind.PARALLEL, block_size=8, block_lead=1)
+    assert [draft_cost_ms(cut, linear, num_requests=2, verify_rows=16, depth=d)
+            for d in (1, 3, 7)] == pytest.approx([16 + 4, 16 + 8, 16 + 16])
     with pytest.raises(ValueError, match="depth"):
         draft_cost_ms(eagle, CostTable({2: 0.25}), num_requests=2, verify_rows=8, depth=0)
+
+
+def test_a_cut_block_drafts_shallower_where_its_rows_cost():
+    """A block drafter that cuts its block to the depth offers every depth, priced by its
+    rows: with drafts that mostly survive and a block forward that costs by its rows, the
+    planner drafts a short block (priced as the whole block, every depth would cost the
+    same and the deepest would win); the same drafter running its whole block drafts all of
+    it or nothing."""
+    buckets = (4, 8, 12, 16, 20, 24, 28, 32)
+    target = {b: 1.0 + 0.05 * b for b in buckets}
+    draft = {r: 0.5 * r for r in range(1, 33)}
+
+    def run(**block):
+        s = PlannerSpec(verify_buckets=buckets, max_depth=7, drafter_kind=DrafterKind.PARALLEL,
+                        block_size=8, **block)
+        p = planner(s, target, draft)
+        warm(p, n=4)
+        for _ in range(30):
+            plan = p.plan(num_requests=4)
+            observe(p, plan, np.minimum([8, 6, 5, 7], plan.verified_depth + 1))  # bonus incl.
+        return p.plan(num_requests=4).draft_depth
+
+    assert 1 <= run(draft_depths=range(1, 8), block_lead=1) <= 4
+    assert run(draft_depths=(7,)) in (0, 7)
 
 
 def test_objective_without_statistics():
@@ -259,6 +288,11 @@ def test_spec_validation():
     with pytest.raises(ValueError, match="whole block"):
         PlannerSpec(verify_buckets=(4,), draft_depths=(1, 2), max_depth=2,
                     drafter_kind="parallel")
+    with pytest.raises(ValueError, match="block_lead must be in"):
+        PlannerSpec(verify_buckets=(4,), draft_depths=(1, 2), max_depth=2,
+                    drafter_kind="parallel", block_size=3, block_lead=2)
+    with pytest.raises(ValueError, match="parallel drafters only"):
+        PlannerSpec(verify_buckets=(4,), draft_depths=(1,), max_depth=1, block_lead=1)
     s = PlannerSpec(verify_buckets=[8, 16], draft_depths=[3, 1, 2], max_depth=3)
     assert s.draft_depths == (1, 2, 3) and s.verify_buckets == (8, 16)
     assert isinstance(make_planner("lightspec", s), LightSpecPlanner)

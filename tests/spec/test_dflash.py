@@ -117,20 +117,26 @@ def test_drafts_are_accepted(constant_engine, constant, plain_engine):
     assert outs[0].metrics.accepted >= 5
 
 
-def test_dynamic_plans_the_block_or_the_floor(dynamic_engine, plain_engine):
+def test_dynamic_plans_block_lengths_and_the_floor(dynamic_engine, plain_engine):
+    """DFlash truncates its block to the depth, so a dynamic engine compiles every depth
+    1..K (block lengths 2..K+1) and the floor; mostly rejected drafts: it tries drafting,
+    then the floor."""
     spec = dynamic_engine.planner.spec
-    assert (spec.floor, spec.block_size, spec.draft_depths) == (True, BLOCK, (K,))
+    assert (spec.floor, spec.block_size, spec.draft_depths) == (True, BLOCK,
+                                                               tuple(range(1, K + 1)))
+    assert set(dynamic_engine.runner.draft_registry.compiled) == set(range(1, K + 1))
     rng = np.random.default_rng(3)
-    for _ in range(3):  # mostly rejected drafts: the planner tries the block, then the floor
+    for _ in range(3):
         serve(dynamic_engine, random_scenario(rng, dynamic_engine, plain_engine))
     depths = {s.draft_depth for s in dynamic_engine.stats.steps if s.verify_rows}
-    assert depths == {0, K}
+    assert 0 in depths and depths - {0} and depths <= set(range(K + 1))
 
 
 @functools.partial(jax.jit, static_argnames=("graphs", "depth"))
 def _offline(states, seq, n, *, graphs, depth):
     """The block drafted from a committed sequence alone: target features of positions
-    0..n-1 from one forward, their context in a fresh cache, the block at position n."""
+    0..n-1 from one forward, their context in a fresh cache, the block [seq[n], mask x depth]
+    at position n (truncated to the depth, as the engine drafts)."""
     target, wrapped = (nnx.merge(g, s) for g, s in zip(graphs, states))
     model = wrapped.model
     rows = jnp.arange(ROWS, dtype=jnp.int32)
@@ -139,7 +145,7 @@ def _offline(states, seq, n, *, graphs, depth):
                    aux_layers=model.config.aux_layers).aux_hidden
     cache = model.write_context(feats, rows, slots,
                                 model.new_cache(num_slots=1, max_len=ROWS + 16))
-    tokens = jnp.full((1, BLOCK), model.config.mask_token_id, jnp.int32).at[0, 0].set(seq[n])
+    tokens = jnp.full((1, depth + 1), model.config.mask_token_id, jnp.int32).at[0, 0].set(seq[n])
     out = model(tokens, n[None], jnp.zeros(1, jnp.int32), cache, embed=target.embed[...])
     logits = out.hidden[0, 1:depth + 1] @ target.lm_head[...]
     return jnp.argmax(logits, axis=-1)
