@@ -57,10 +57,11 @@ class ReferenceDFlash:
         """concat of HF hidden_states[id + 1] over the listed ids, positions < upto."""
         return np.concatenate([hidden_states[i + 1][:upto] for i in self.ids], axis=-1)
 
-    def block(self, features, bonus):
+    def block(self, features, bonus, size=None):
+        """The block [bonus, mask x (size - 1)] (size: the trained block_size by default)."""
         hf, w = self.hf, self.w
         qh, gh, d = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
-        theta, size = hf["rope_theta"], hf["block_size"]
+        theta, size = hf["rope_theta"], size or hf["block_size"]
         ctx_len = features.shape[0]
         ctx = _rms(features @ w["fc.weight"].T, w["hidden_norm.weight"])  # [C, H]
         tokens = [bonus] + [self.mask] * (size - 1)
@@ -158,8 +159,10 @@ def test_block_forward_matches_the_reference(setup):
                                 drafting=jnp.asarray([True, True]), depth=BLOCK - 2,
                                 max_depth=BLOCK, target_embed=embed)
     for i, (st, c) in enumerate(zip(states, ctx_len)):
-        want_hidden, want_logits = ref.block(ref.features(st, c), int(bonus[i]))
+        want_hidden, _ = ref.block(ref.features(st, c), int(bonus[i]))
         np.testing.assert_allclose(np.asarray(out.hidden[i]), want_hidden, atol=2e-5, rtol=1e-5)
+        # The drafter cuts its block to the depth: [bonus, mask x d].
+        _, want_logits = ref.block(ref.features(st, c), int(bonus[i]), size=BLOCK - 1)
         probs = np.exp(want_logits - want_logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         want_tokens = want_logits.argmax(-1)[:BLOCK - 2]  # rows 1..d
