@@ -123,10 +123,9 @@ def serve(args) -> dict:
         # (kept across groups): on a CPU each engine holds ~1,100 JIT-compiled kernels at 3
         # memory maps apiece, and a process may hold 65,530 maps (Linux's default
         # vm.max_map_count) - about 20 engines, fewer than four drafters' policies at once.
-        # So with several drafters, each drafter's policies are a group, freed before the next
-        # (plain decoding then runs with every group; its row spans all of its runs).
-        groups = [[p for p in policies if not p[1] or p[4] == d] for d in drafters] \
-            if len(drafters) > 1 else [policies]
+        # So each drafter's policies are a group, in chunks of GROUP_ENGINES, each freed before
+        # the next (plain decoding runs with every group; its row spans all of its runs).
+        groups = engine_groups(policies, drafters)
         for g, group in enumerate(groups):
             built = _build_group(args, engines, group, tags, c, prompts, params)
             labels = [label for label, m in engines.items()
@@ -158,6 +157,24 @@ def serve(args) -> dict:
         gc.collect()
     return {"command": "serve", "rows": rows, "dtype": resolved_dtype(args.dtype),
             "prompts_per_concurrency": {r["concurrency"]: r["requests"] for r in rows}}
+
+
+# Speculative engines alive at once (plus plain decoding): 8 dynamic engines at c = 16 held
+# ~36,000 of the 65,530 memory maps a process may hold.
+GROUP_ENGINES = 8
+
+
+def engine_groups(policies: list[tuple], drafters: list[str]) -> list[list[tuple]]:
+    """The serve run's engines in groups: plain decoding (depth 0) in every group, then each
+    drafter's speculative policies, at most GROUP_ENGINES per group, in the given order.
+    policies: (name, depth, verification, invariant, drafter) tuples."""
+    plain = [p for p in policies if not p[1]]
+    groups = []
+    for d in drafters:
+        mine = [p for p in policies if p[1] and p[4] == d]
+        groups += [plain + mine[i:i + GROUP_ENGINES]
+                   for i in range(0, len(mine), GROUP_ENGINES)]
+    return groups or [plain]
 
 
 def _build_group(args, engines: dict, group, tags, c: int, prompts, params) -> list[str]:

@@ -10,7 +10,7 @@ from lightspec_jax.assets import tiny_pair
 from lightspec_jax.bench.cli import build_parser, main
 from lightspec_jax.bench.policies import parse_policy, policy_arg
 from lightspec_jax.bench.report import LEGEND, interpret, ranking, serve_table, versions
-from lightspec_jax.bench.serve import prefill_buckets
+from lightspec_jax.bench.serve import GROUP_ENGINES, engine_groups, prefill_buckets
 from lightspec_jax.bench.simulate import bench_name, resolve
 
 SETTINGS = ("dtype", "max_tokens", "num_prompts", "concurrency", "policies", "seed", "repeats",
@@ -239,3 +239,20 @@ def test_ranking_pairs_only_runs_of_one_round():
     # paired by index instead, @a would lead in every repeat
     unrounded = [{k: v for k, v in r.items() if k != "repeat_rounds"} for r in (first, second)]
     assert ranking(unrounded) == ["c=1: static:3 @b < static:3 @a"]
+
+
+def test_engine_groups_bound_the_engines_alive():
+    """serve's engines in groups: plain decoding in each, one drafter's policies per group, at
+    most GROUP_ENGINES speculative engines alive at once (a process's memory maps run out
+    near 20 engines on a CPU)."""
+    plain = ("none", 0, "exact", False, "a")
+    spec = [("static", k, v, False, d) for d in ("a", "b") for k in range(1, 6)
+            for v in ("exact", "probabilistic")]  # 10 per drafter
+    groups = engine_groups([plain] + spec, ["a", "b"])
+    assert all(g[0] == plain and len(g) - 1 <= GROUP_ENGINES for g in groups)
+    assert all(len({p[4] for p in g[1:]}) == 1 for g in groups)
+    assert [p for g in groups for p in g[1:]] == spec  # each once, in order
+    assert len(groups) == 4
+    assert engine_groups([plain], ["a"]) == [[plain]]
+    few = [plain] + spec[:3]
+    assert engine_groups(few, ["a"]) == [few]  # one drafter, few policies: one group
