@@ -148,8 +148,8 @@ def _distinct(a: dict, b: dict) -> bool:
     policies back to back, so the machine's drift between repeats (plain decoding moved 258 ->
     312 tok/s between two repeats of one cell) cancels in the per-repeat ratio: the faster
     median must win in EVERY repeat, by DISTINCT_RATIO in the median. Rows without per-repeat
-    figures, or (serve with several drafters: one group of engines at a time) without two
-    rounds in common, fall back to disjoint min-max ranges."""
+    figures, or without two rounds in common (serve runs one group of engines at a time:
+    serve.engine_groups), fall back to disjoint min-max ranges."""
     slow, fast = sorted((a, b), key=lambda r: r["tok_s"])
     slow_runs, fast_runs = _by_round(slow), _by_round(fast)
     pairs = [(slow_runs[k], fast_runs[k]) for k in slow_runs if k in fast_runs]

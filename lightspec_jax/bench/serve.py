@@ -119,12 +119,10 @@ def serve(args) -> dict:
                                  temperature=args.temperature, seed=i, ignore_eos=args.ignore_eos)
                   for i, it in enumerate(items)]
         engines = {}
-        # One group of engines alive at a time, each served side by side with plain decoding
-        # (kept across groups): on a CPU each engine holds ~1,100 JIT-compiled kernels at 3
-        # memory maps apiece, and a process may hold 65,530 maps (Linux's default
-        # vm.max_map_count) - about 20 engines, fewer than four drafters' policies at once.
-        # So each drafter's policies are a group, in chunks of GROUP_ENGINES, each freed before
-        # the next (plain decoding runs with every group; its row spans all of its runs).
+        # One group of engines alive at a time (engine_groups), each served side by side with
+        # plain decoding, kept across groups (its row spans all of its runs): on a CPU each
+        # engine holds ~1,100 JIT-compiled kernels at 3 memory maps apiece, and a process may
+        # hold 65,530 maps (Linux's default vm.max_map_count) - about 20 engines.
         groups = engine_groups(policies, drafters)
         for g, group in enumerate(groups):
             built = _build_group(args, engines, group, tags, c, prompts, params)
