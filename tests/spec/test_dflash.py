@@ -19,6 +19,7 @@ from lightspec_jax.checkpoint import load_qwen3
 from lightspec_jax.drafters import DFlashDrafter
 from lightspec_jax.models.layers import rms_norm
 from test_lossless import check_random_scenarios, random_scenario, serve
+from test_lossless_aborts import check_churn
 
 from conftest import BASE, fixed_costs
 
@@ -102,6 +103,16 @@ def test_greedy_dflash_equals_target_only(name, cases, request, plain_engine):
     engine = request.getfixturevalue(name)
     assert isinstance(engine.drafter, DFlashDrafter)
     check_random_scenarios(engine, plain_engine, cases, name)
+
+
+@pytest.mark.parametrize("name", ["static_engine", "dynamic_engine"])
+def test_cut_blocks_stay_lossless_under_churn(name, request, plain_engine):
+    """Blocks cut to the depth (static: K + 1 of the trained 5 rows; dynamic: whichever length
+    it plans) under aborts mid-flight, staggered arrivals, chunked prefill (prompts past the
+    32-row bucket) and greedy and seeded sampled requests mixed: target-only output."""
+    engine = request.getfixturevalue(name)
+    check_churn(engine, plain_engine, np.random.default_rng(len(name)), cases=4, sampled=True,
+                label=name)
 
 
 def test_drafts_are_accepted(constant_engine, constant, plain_engine):
