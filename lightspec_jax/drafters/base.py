@@ -54,9 +54,10 @@ class Drafter(abc.ABC):
     """An NNX drafter split once into (graphdef, parameter leaves) for the jitted steps."""
 
     kind: str = "autoregressive"  # or "parallel" (block drafters such as DFlash)
-    # parallel: whether drafting d tokens runs a block cut to d drafts (so each depth is a
-    # cost of its own, and a dynamic engine chooses among them) or the whole block
-    truncates_block: bool = False
+    # A parallel drafter that cuts its block to the depth: the block's rows besides its d
+    # drafts (so each depth is a cost of its own, and a dynamic engine chooses among them;
+    # PlannerSpec.block_lead). None: it runs its whole block whatever it reads out.
+    block_lead: int | None = None
     method: str = ""  # SpeculativeConfig.method it serves ("eagle3", "dflash", "draft_lm", "ngram")
     aux_layers: tuple[int, ...] = ()  # target features it reads (residual entering layer j)
     # Whether a draft run may propose fewer tokens than its depth (Proposal.length: a lookup

@@ -51,7 +51,7 @@ class DFlashDrafter(Drafter):
     kind = "parallel"
     method = "dflash"
     first_row = 1  # the block row of draft 1 (row 0 holds the bonus token)
-    truncates_block = True  # depth d drafts with a block of first_row + d rows (block_rows)
+    block_lead = 1  # a cut block: the bonus row, then one mask row per draft (block_rows)
 
     def __init__(self, model: DFlash, target: Qwen3):
         """model: the DFlash draft model; target: the Qwen3 it drafts for (its lm_head reads
@@ -84,14 +84,14 @@ class DFlashDrafter(Drafter):
                                                              rows.slot, cache)
 
     def block_rows(self, depth: int) -> int:
-        """Rows of the block forward that drafts `depth` tokens: the bonus row and `depth`
-        mask rows when the drafter truncates its block, else the whole trained block.
+        """Rows of the block forward that drafts `depth` tokens: block_lead + depth when the
+        drafter cuts its block (as PlannerSpec.block_rows prices it), else the whole block.
         Attention is not causal inside the block, so a truncated block's rows differ from the
         whole block's (the shipped drafter, trained on whole blocks of 8, accepts about as
         often either way: BENCHMARKS.md, "Thirteenth session"); a shorter block is a cheaper
         forward, which is what a dynamic engine's choice of depth buys with a block
         drafter."""
-        return self.first_row + depth if self.truncates_block else self.block_size
+        return self.block_size if self.block_lead is None else self.block_lead + depth
 
     @property
     def block_depth(self) -> int:

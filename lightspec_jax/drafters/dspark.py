@@ -36,7 +36,7 @@ class DSparkDrafter(DFlashDrafter):
     method = "dspark"
     first_row = 0  # every block row drafts
     # Always the whole block: DeepSpec's confidence head is calibrated on whole blocks.
-    truncates_block = False
+    block_lead = None
 
     def read_out(self, wrapped, rows, *, last_token, seq_len, max_depth, target_embed,
                  sampling):

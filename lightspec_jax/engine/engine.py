@@ -147,9 +147,9 @@ class Engine:
         depths = ()
         if speculative:
             # Dynamic drafting chooses among depths 1..K: draft forwards (autoregressive) or
-            # block rows (a block drafter that truncates its block: drafters/dflash.py
-            # block_rows). One that runs its whole block whatever it reads out has one depth.
-            choose = not parallel or drafter.truncates_block
+            # block rows (a block drafter that cuts its block: Drafter.block_lead). One that
+            # runs its whole block whatever it reads out has one depth.
+            choose = not parallel or drafter.block_lead is not None
             depths = (tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC and choose
                       else (k,))
         # Verify rows write up to K past seq_len and drafting up to K more.
@@ -207,8 +207,7 @@ class Engine:
             # choice: the no-speculation floor.
             floor = spec.policy is Policy.DYNAMIC
             block = drafter.block_size if parallel else None  # rows of one block forward
-            # rows of a cut block besides its drafts (drafters/dflash.py block_rows)
-            lead = drafter.first_row if parallel and drafter.truncates_block else None
+            lead = drafter.block_lead if parallel else None  # rows of a cut block past d
             self.planner = make_planner(
                 spec.policy.value, PlannerSpec(verify_buckets=decode_buckets, draft_depths=depths,
                                                max_depth=k, drafter_kind=drafter.kind,
