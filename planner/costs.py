@@ -176,11 +176,17 @@ class CostTable:
 
     def count(self, rows: int, context_len: float | None = None) -> int:
         """Samples folded into the cell that holds `rows` at `context_len` (0 if none)."""
-        i = bisect.bisect_left(self._row_keys, rows)
-        if i == len(self._row_keys):
-            return 0
-        cell = self._cells.get(self._column_for(context_len), {}).get(self._row_keys[i])
-        return 0 if cell is None else cell[1]
+        return int(self.count_many([rows], context_len)[0])
+
+    def count_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
+        """count() for each row count: [R] ints (plan() asks for every bucket at once)."""
+        cells = self._cells.get(self._column_for(context_len), {})
+        keys, out = self._row_keys, []
+        for r in rows:
+            i = bisect.bisect_left(keys, r)
+            cell = cells.get(keys[i]) if i < len(keys) else None
+            out.append(0 if cell is None else cell[1])
+        return np.array(out, dtype=np.int64)
 
     # ---- persistence -----------------------------------------------------------------------
 

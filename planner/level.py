@@ -44,6 +44,15 @@ class LevelShift:
         self.variance = float(variance)
         self.delta = 0.0
         self.var = 0.0  # posterior variance of delta; set by the first predict
+        self._logits_of: tuple | None = None  # (survival array, its _logits): both read it
+
+    def _base_logits(self, survival: np.ndarray) -> np.ndarray:
+        """_logits(survival), kept for the curve last seen: the statistics hand update() and
+        apply() the same fitted curve until a full-width step changes it."""
+        seen = self._logits_of
+        if seen is None or not np.array_equal(seen[0], survival):
+            seen = self._logits_of = (np.array(survival, dtype=np.float64), _logits(survival))
+        return seen[1]
 
     @property
     def enabled(self) -> bool:
@@ -68,7 +77,7 @@ class LevelShift:
         stationary = self.variance / n
         self.delta *= self.rho
         self.var = self.rho ** 2 * self.var + (1.0 - self.rho ** 2) * stationary
-        base = _logits(survival)[1:depth + 1]  # [d] logit a[j], j = 1..d
+        base = self._base_logits(survival)[1:depth + 1]  # [d] logit a[j], j = 1..d
         p = _sigmoid(base + self.delta)  # [d]
         j = np.arange(1, depth + 1)  # [d]
         accepted = accept[:, None] - 1.0  # [N, 1] drafts accepted
@@ -84,7 +93,7 @@ class LevelShift:
         if not self.enabled or self.delta == 0.0:
             return survival
         s = np.asarray(survival, dtype=np.float64)
-        a = _sigmoid(_logits(s) + self.delta)  # [K+1]
+        a = _sigmoid(self._base_logits(survival) + self.delta)  # [K+1]
         prev = np.concatenate([[1.0], s[1:-1]])
         a[1:] = np.where(s[1:] >= prev, 1.0, a[1:])  # no measured drop there: nothing to move
         out = s.copy()

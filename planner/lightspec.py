@@ -44,7 +44,7 @@ import numpy as np
 
 from .base import BasePlanner, Sample, full_rows
 from .costs import CostTable
-from .objective import StepCosts, candidate_rows, first_best
+from .objective import StepCosts, first_best
 from .stats import ESTIMATORS, AcceptanceStats
 from .types import PlannerSpec, StepPlan
 
@@ -89,6 +89,20 @@ class LightSpecOptions:
             raise ValueError(f"replan_every must be >= 1, got {self.replan_every}")
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _Grid:
+    """Candidates priced at several depths (LightSpecPlanner._grid): [D] rows, [C] columns."""
+
+    depths: np.ndarray  # [D]
+    full: np.ndarray  # [D] rows of each depth's full width (its last candidate's cap)
+    u: np.ndarray  # [D, C] useful rows
+    valid: np.ndarray  # [D, C] bool: the column's bucket is a candidate at that depth
+    progress: np.ndarray  # [D, C] committed tokens per row
+    step_ms: np.ndarray  # [D, C] the model's wall ms
+    scales: np.ndarray  # [D, C] calibration factors on step_ms
+    buckets: np.ndarray  # [C]
+
+
 class LightSpecPlanner(BasePlanner):
     """Dynamic verify budget and draft depth (training-free)."""
 
@@ -121,6 +135,9 @@ class LightSpecPlanner(BasePlanner):
         self._scale_cache: tuple | None = None  # (key, [D, C] calibration factors)
         self._last_rival_step = 0
         self._by_depth: tuple = ((), (), [])  # stage 2's prices by depth (for _rival)
+        self._stage2: _Grid | None = None  # stage 2's grid, within one plan() call
+        self._buckets = np.asarray(spec.verify_buckets)
+        self._choices = np.asarray(spec.choices)
 
     # ---- planning --------------------------------------------------------------------------
 
@@ -143,12 +160,12 @@ class LightSpecPlanner(BasePlanner):
             return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason="plan",
                               predicted_ms=step_ms, predicted_tokens=tokens)
         costs = self._costs(n)
+        depth, best_j = self._next_depth(costs, n)  # first: stage 1 may read its grid
         fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=probing)
         reason = "probe" if probing else "plan"
         if probing:
             self._probe_depth = 0
             self._last_probe_step = self.steps
-        depth, best_j = self._next_depth(costs, n)
         if self._probe_depth == 0:
             self._probe_depth = self._maybe_probe(costs, n, depth, best_j)
         rival = None
@@ -161,6 +178,7 @@ class LightSpecPlanner(BasePlanner):
             self._spent_since_probe = 0.0
         elif math.isfinite(step_ms):
             self._spent_since_probe += step_ms
+        self._stage2 = None  # priced for this call only
         # A probe or a rival's visit is one step's decision, never reused.
         self._decided = None if (probing or self._probe_depth or rival is not None) else (
             key, self.steps, (fill, step_ms, tokens, depth))
@@ -196,23 +214,45 @@ class LightSpecPlanner(BasePlanner):
         tokens = min(max(fill_rows * progress, num_requests), num_requests * (depth + 1))
         return float(costs.step_ms(bucket, depth)[0]) / tokens
 
-    def _objective(self, costs: StepCosts, n: int, available: int, depth: int,
-                   room: np.ndarray | None) -> tuple[np.ndarray, ...]:
-        """(u [C], buckets [C], step ms [C], tokens [C]) for every candidate at one proposal
-        depth."""
-        u, buckets = candidate_rows(self.spec, n, available)
-        progress = self.stats.progress_many(n, u, depth, now=self.steps, room=room)  # [C]
-        tokens = np.clip(u * progress, n, full_rows(n, depth, room))
-        return u, buckets, costs.step_ms(buckets, depth), tokens
+    def _grid(self, costs: StepCosts, n: int, depths: np.ndarray, full: np.ndarray,
+              room: np.ndarray | None) -> _Grid:
+        """Every candidate u at each depth d: the buckets from N's up to the one holding
+        full[d] rows (the last cut to full[d], as candidate_rows gives them), their progress
+        under `room`, model step ms and calibration, in one pass - plan() runs on the host
+        every step, and its time is part of the step's."""
+        buckets = self._buckets  # [all buckets]
+        lo = int(np.searchsorted(buckets, n, side="left"))
+        hi = np.minimum(np.searchsorted(buckets, full, side="left"), len(buckets) - 1)  # [D]
+        cols = buckets[lo:int(hi.max()) + 1]  # [C]
+        u = np.minimum(cols[None, :], full[:, None])  # [D, C]
+        valid = np.arange(len(cols))[None, :] <= (hi - lo)[:, None]  # [D, C]
+        progress = self.stats.progress_grid(n, u, depths, now=self.steps, room=room)
+        return _Grid(depths=depths, full=full, u=u, valid=valid, progress=progress,
+                     step_ms=costs.step_ms_grid(cols, depths), scales=self._scales(cols, depths),
+                     buckets=cols)
 
     def _evaluate(self, costs: StepCosts, n: int, available: int, depth: int,
                   full: bool = False) -> tuple[int, float, float]:
-        """Stage 1: the u with the lowest ms per token (or the full width for a probe)."""
-        u, buckets, step_ms, tokens = self._objective(costs, n, available, depth, self._room)
+        """Stage 1: the u with the lowest ms per token (or the full width for a probe).
+
+        Stage 2 (run first) has priced this depth's row already when no request's end is
+        near: its room then fills every level as this step's does, and its width is this
+        step's `available`."""
+        g, row = self._stage2, None
+        if g is not None and (self._room is None or self._room.min() > self.spec.max_depth):
+            hit = np.flatnonzero(g.depths == depth)
+            if hit.size and g.full[hit[0]] == available:
+                row = int(hit[0])
+        if row is None:
+            g, row = self._grid(costs, n, np.array([depth]), np.array([available]),
+                                self._room), 0
+        keep = g.valid[row]
+        u, step_ms = g.u[row][keep], g.step_ms[row][keep]
+        tokens = np.clip(u * g.progress[row][keep], n, full_rows(n, depth, self._room))
         if full:
             i = len(u) - 1
         else:  # chosen at the calibrated price; predicted_ms stays the model's (calibration.py)
-            i = first_best(step_ms * self._scales(buckets, np.array([depth]))[0] / tokens)
+            i = first_best(step_ms * g.scales[row][keep] / tokens)
         return int(u[i]), float(step_ms[i]), float(tokens[i])
 
     def _next_room(self) -> np.ndarray | None:
@@ -224,23 +264,15 @@ class LightSpecPlanner(BasePlanner):
         """Stage 2: the depth whose best full-proposal configuration costs least per token.
 
         Every allowed depth d at once (0, the floor, when the engine offers it): a [D, C] grid
-        of candidates u (the buckets from N's up to the one holding the full width, as
-        candidate_rows gives them), priced and filled in one pass - plan() runs on the host
-        every step, and its time is part of the step's."""
-        depths = np.asarray(self.spec.choices)  # [D]
-        buckets = np.asarray(self.spec.verify_buckets)  # [all buckets]
+        of candidates u up to the full width of the next proposal (_grid)."""
+        depths = self._choices  # [D]
         room = self._next_room()
-        full = np.minimum([full_rows(n, int(d), room) for d in depths.tolist()],
-                          self.spec.max_requests)  # [D]
-        lo = int(np.searchsorted(buckets, n, side="left"))
-        hi = np.minimum(np.searchsorted(buckets, full, side="left"), len(buckets) - 1)  # [D]
-        cols = np.arange(lo, int(hi.max()) + 1)  # [C]
-        valid = cols[None, :] <= hi[:, None]  # [D, C]
-        u = np.minimum(buckets[cols][None, :], full[:, None])  # [D, C]
-        progress = self.stats.progress_grid(n, u, depths, now=self.steps, room=room)  # [D, C]
-        tokens = np.clip(u * progress, n, full[:, None])
-        step_ms = costs.step_ms_grid(buckets[cols], depths) * self._scales(buckets[cols], depths)
-        j = np.where(valid, step_ms / tokens, np.inf)
+        full = n + (n * depths if room is None
+                    else np.minimum(room[None, :], depths[:, None]).sum(axis=1))  # [D]
+        full = np.minimum(full, self.spec.max_requests)  # [D] full_rows() of each depth
+        g = self._stage2 = self._grid(costs, n, depths, full, room)
+        tokens = np.clip(g.u * g.progress, n, full[:, None])
+        j = np.where(g.valid, g.step_ms * g.scales / tokens, np.inf)
         best_by_depth = j.min(axis=1).tolist()  # [D]
         best_depth, best_j = int(depths[0]), math.inf
         for depth, value in zip(depths.tolist(), best_by_depth):
@@ -253,7 +285,7 @@ class LightSpecPlanner(BasePlanner):
             if best_by_depth[0] >= (1.0 - self.options.floor_margin) * best_by_depth[spec_depth]:
                 best_depth, best_j = int(depths[spec_depth]), best_by_depth[spec_depth]
         # [D] each depth's best price and its bucket, for _rival
-        self._by_depth = (depths, buckets[cols][np.argmin(j, axis=1)], best_by_depth)
+        self._by_depth = (depths, g.buckets[np.argmin(j, axis=1)], best_by_depth)
         return best_depth, best_j
 
     def _rival(self, best_depth: int, best_j: float) -> int | None:
@@ -286,12 +318,13 @@ class LightSpecPlanner(BasePlanner):
         depths = self.spec.draft_depths
         target = min(2 * best_depth + 1, depths[-1])
         probe = next(d for d in depths if d >= target)
-        room = self._next_room()
-        full = min(full_rows(n, probe, room), self.spec.max_requests)
-        _, buckets, step_ms, tokens = self._objective(costs, n, full, probe, room)
+        g = self._stage2  # stage 2 priced the probe's depth at its full width
+        row = int(np.flatnonzero(g.depths == probe)[0])
+        last = int(np.flatnonzero(g.valid[row])[-1])
+        tokens = min(max(g.u[row, last] * g.progress[row, last], n), g.full[row])
         # A probe still commits tokens; only what it costs beyond their going price is waste.
-        scale = self._scales(buckets[-1:], np.array([probe]))[0, 0]
-        extra = max(0.0, float(step_ms[-1]) * scale - float(tokens[-1]) * best_j)
+        extra = max(0.0, float(g.step_ms[row, last]) * float(g.scales[row, last])
+                    - float(tokens) * best_j)
         affordable = extra <= self.options.explore_fraction * self._spent_since_probe
         return probe if affordable else 0
 
@@ -300,11 +333,15 @@ class LightSpecPlanner(BasePlanner):
         periods say those steps really cost (calibration.py); 1 with calibrate off."""
         if not self.options.calibrate:
             return np.ones((len(depths), len(buckets)))
-        key = (self.calibration.version, self.steps // 64, tuple(buckets.tolist()),
-               tuple(depths.tolist()))
+        # Every (depth, bucket) cell at once, sliced for each caller: stage 1 and stage 2 ask
+        # for different cells in the same plan() call, and the calibration moves every step.
+        key = (self.calibration.version, self.steps // 64)
         if self._scale_cache is None or self._scale_cache[0] != key:
-            self._scale_cache = (key, self.calibration.grid(buckets, depths, self.steps))
-        return self._scale_cache[1]
+            every = self.spec.verify_buckets
+            self._scale_cache = (key, self.calibration.grid(
+                every, range(self.spec.max_depth + 1), self.steps), np.asarray(every))
+        _, grid, every = self._scale_cache
+        return grid[np.asarray(depths)[:, None], np.searchsorted(every, buckets)[None, :]]
 
     # ---- statistics ------------------------------------------------------------------------
 

@@ -101,6 +101,18 @@ class StepCosts:
     host_draft_ms: float | None = None  # the same for a step that drafts (None: as host_ms)
     exposed: float = 0.0  # share of min(device, host) added to the larger (0: hidden)
 
+    def __post_init__(self) -> None:
+        # The same prices as arrays, for device_ms_grid (plan() reads them every step):
+        # buckets [Bk] ascending, verify and first-draft ms [Bk], the stage after it by depth.
+        buckets = np.array(sorted(self.target_by_bucket), dtype=np.int64)
+        depths = max(self.stage_by_depth or (0,))
+        object.__setattr__(self, "_arrays", (
+            buckets,
+            np.array([self.target_by_bucket[b] for b in buckets.tolist()]),
+            np.array([self.draft_by_bucket[b] for b in buckets.tolist()]),
+            None if self.stage_by_depth is None else np.array(
+                [self.stage_by_depth.get(d, np.nan) for d in range(depths + 1)])))
+
     @classmethod
     def price(cls, spec: PlannerSpec, target: CostTable, draft: CostTable, *,
               num_requests: int, context_len: float | None,
@@ -167,12 +179,18 @@ class StepCosts:
 
     def device_ms_grid(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """The device's part of step_ms_grid: verify, then the draft run ([D] x [C] -> [D, C])."""
-        keys = buckets.tolist()
-        verify = np.array([self.target_by_bucket[b] for b in keys])  # [C]
-        first = np.array([self.draft_by_bucket[b] for b in keys])  # [C]
+        every, verify_ms, first_ms, stage_ms = self._arrays
+        at = np.searchsorted(every, buckets)  # [C]
+        if (at >= len(every)).any() or (every[np.minimum(at, len(every) - 1)] != buckets).any():
+            raise KeyError(f"buckets {buckets} are not all priced ({every.tolist()})")
+        depths = np.asarray(depths)
+        if stage_ms is not None:
+            tail = stage_ms[depths]  # [D]
+        else:  # (d - 1) further forwards; nothing at depth 0
+            tail = np.maximum(depths - 1, 0) * self.draft_tail
         drafts = (depths > 0)[:, None]  # [D, 1]
-        tail = np.array([self.depth_ms(int(d)) for d in depths.tolist()])  # [D]
-        return verify[None, :] + np.where(drafts, first[None, :] + tail[:, None], 0.0)
+        return verify_ms[at][None, :] + np.where(drafts, first_ms[at][None, :] + tail[:, None],
+                                                 0.0)
 
 
 def _never_cheaper(table: CostTable, keys, context_len: float | None) -> np.ndarray:
@@ -185,7 +203,7 @@ def _never_cheaper(table: CostTable, keys, context_len: float | None) -> np.ndar
     below 4 at a short context. Violating cells are pooled, weighted by their samples (the
     PAVA fit the survival uses, stats.py), so a well-measured cell moves least."""
     ms = table.estimate_many(keys, context_len)  # [K]
-    weights = np.array([table.count(k, context_len) for k in keys], float)  # [K]
+    weights = table.count_many(keys, context_len).astype(float)  # [K]
     return -non_increasing(-ms, weights)
 
 

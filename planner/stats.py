@@ -105,12 +105,19 @@ class AcceptanceStats:
         self._progress: dict[tuple[int, int, int], list] = {}
         # (N, d) -> {u: the same entry}: plan() asks for every u at one (N, d)
         self._by_nd: dict[tuple[int, int], dict[int, list]] = {}
-        self._filled: tuple[np.ndarray, np.ndarray] | None = None  # survival cache, see _levels
-        self._base: np.ndarray | None = None  # the same survival before the level shift
+        # Survival caches (see _levels): the fitted curve before the level shift, cleared when
+        # the measured survival or the batch's class mix changes; and after it, with its
+        # running sum, cleared also when the level moves.
+        self._base: np.ndarray | None = None
+        self._filled: tuple[np.ndarray, np.ndarray] | None = None
         self.level = LevelShift(rho=level_rho, variance=level_variance)
         # sampling class -> [survival [K+1], weight [K+1]]; the pooled curve is self.survival
         self._by_class: dict[int, list[np.ndarray]] = {}
         self._class_fits: dict[int, np.ndarray] = {}  # class -> its fitted curve (cache)
+        # The one class every survival sample so far came from, whose curve is then the pooled
+        # one (kept once, not twice: record() runs every step); None once a second class, or
+        # a sample without classes, arrives and the class gets a curve of its own.
+        self._alias: int | None = None
         self._batch_key = 0  # the planned batch's class, -1 if mixed (set_batch)
         self.batch_version = 0  # bumped whenever set_batch changes the class mix
         self._batch_mix: tuple[np.ndarray, np.ndarray] | None = None  # (classes, shares)
@@ -159,21 +166,38 @@ class AcceptanceStats:
                 whole = np.ones(accept.shape, bool) if verify_lens is None else (
                     np.asarray(verify_lens) == depth + 1)
             if self.level.enabled and self.has_survival:  # predicted before this step counts
-                self._levels()
-                self.level.update(self._base, accept[whole], depth)
+                self.level.update(self._base_curve(), accept[whole], depth)
+            labels = None if classes is None else np.asarray(classes)[whole]
+            kinds = [] if labels is None else np.unique(labels).tolist()
+            if self._alias is not None and kinds != [self._alias] and whole.any():
+                self._own_curve()
+            first = (self._alias is None and not self._by_class and len(kinds) == 1
+                     and not self._survival_weight.any())
             self._record_survival(self.survival, self._survival_weight, accept[whole], depth)
-            if classes is not None:
-                labels = np.asarray(classes)[whole]
-                for c in np.unique(labels).tolist():
+            if first:
+                self._alias = kinds[0]
+            if self._alias is not None:
+                self._class_fits.pop(self._alias, None)
+            else:
+                for c in kinds:
                     curve = self._by_class.setdefault(c, [np.full(self.max_depth + 1, np.nan),
                                                           np.zeros(self.max_depth + 1)])
                     self._record_survival(curve[0], curve[1], accept[whole][labels == c], depth)
                     self._class_fits.pop(c, None)
-            self._filled = None
+            self._base = self._filled = None
             if verify_lens is None:
                 verify_lens = np.full(accept.shape, depth + 1)
         if verify_lens is not None and self.estimator == "interpolate":
             self._record_ratios(accept, np.asarray(verify_lens), share)  # only it reads them
+
+    def _own_curve(self) -> None:
+        """The aliased class's curve becomes its own: a copy of the pooled one so far."""
+        c, self._alias = self._alias, None
+        self._by_class[c] = [self.survival.copy(), self._survival_weight.copy()]
+        self._class_fits.pop(c, None)
+
+    def _has_class(self, c: int) -> bool:
+        return c in self._by_class or c == self._alias
 
     def _record_survival(self, values: np.ndarray, weights: np.ndarray, accept: np.ndarray,
                          depth: int) -> None:
@@ -196,11 +220,11 @@ class AcceptanceStats:
         if key == -1:
             labels, counts = np.unique(np.asarray(classes), return_counts=True)
             mix = (labels, counts / counts.sum())
-        elif key in self._by_class:
+        elif self._has_class(key):
             mix = (np.array([key]), np.ones(1))
         if key != self._batch_key or not _same_mix(mix, self._batch_mix):
             self._batch_key, self._batch_mix = key, mix
-            self._filled = None
+            self._base = self._filled = None
             self.batch_version += 1
 
     def _record_ratios(self, accept: np.ndarray, verify_lens: np.ndarray, share: float) -> None:
@@ -321,20 +345,31 @@ class AcceptanceStats:
         ShareGPT at c=1: s[4] > s[3] and s[6] = 0.45 > s[5] = 0.29). Uncorrected, such a curve
         prices a deeper level's rows above shallower ones and draws the planner deep."""
         if self._filled is None:
-            s = self._fit(self.survival, self._survival_weight)
-            if self._batch_mix is not None:  # the batch's classes, by their share of it
-                labels, shares = self._batch_mix
-                s = sum(share * (self._class_fit(c) if c in self._by_class else s)
-                        for c, share in zip(labels.tolist(), shares.tolist()))
-            self._base = s
-            s = self.level.apply(s)
+            s = self.level.apply(self._base_curve())
             self._filled = (s, np.cumsum(s))
         return self._filled
+
+    def _base_curve(self) -> np.ndarray:
+        """[K+1] the fitted survival of the batch's classes, before the level shift."""
+        if self._base is None:
+            if self._batch_mix is None:
+                self._base = self._fit(self.survival, self._survival_weight)
+            else:  # the batch's classes, by their share of it (the pooled fit for the unseen)
+                labels, shares = self._batch_mix
+                pooled = None
+                s = 0.0
+                for c, share in zip(labels.tolist(), shares.tolist()):
+                    if not self._has_class(c) and pooled is None:
+                        pooled = self._fit(self.survival, self._survival_weight)
+                    s = s + share * (self._class_fit(c) if self._has_class(c) else pooled)
+                self._base = s
+        return self._base
 
     def _class_fit(self, c: int) -> np.ndarray:
         fit = self._class_fits.get(c)
         if fit is None:
-            values, weights = self._by_class[c]
+            values, weights = ((self.survival, self._survival_weight) if c == self._alias
+                               else self._by_class[c])
             fit = self._class_fits[c] = self._fit(values, weights)
         return fit
 
@@ -369,9 +404,7 @@ class AcceptanceStats:
         sum_j c[j] s[j], and the r - R[f] rows of level f+1 commit s[f+1] each.
         depth: an int, or an int array broadcasting against u. shifted=False: the pooled level,
         before the batch's level shift."""
-        s, _ = self._levels()
-        if not shifted:
-            s = self._base
+        s = self._levels()[0] if shifted else self._base_curve()
         k = self.max_depth
         if room is None:
             counts = np.full(k + 1, n, dtype=np.int64)
@@ -416,6 +449,9 @@ def _same_mix(a, b) -> bool:
 
 def non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted least-squares fit of a non-increasing sequence (pool adjacent violators)."""
+    values = np.asarray(values, dtype=np.float64)
+    if not (values[1:] > values[:-1]).any():  # nothing to pool: the fit is the sequence
+        return values.copy()
     blocks: list[list[float]] = []  # [weighted mean, weight, length]
     for v, w in zip(values.tolist(), np.maximum(weights, 1e-12).tolist()):
         blocks.append([v, w, 1])

@@ -193,3 +193,35 @@ def test_sampling_classes_keep_separate_statistics():
         pooled.record(num_requests=4, fill_rows=16, depth=3, accept_lens=accept,
                       verify_lens=np.full(4, 4), step=step)
     assert 0.3 < pooled.progress(4, 16, 3, now=20) < 0.95
+
+
+def test_the_only_class_seen_shares_the_pooled_curve_until_another_arrives():
+    """While every sample comes from one class, that class's curve is the pooled one (kept
+    once); when a second class, or a sample without classes, arrives it gets its own. Either
+    way each class's curve is exactly the one fed by its samples alone."""
+    rng = np.random.default_rng(5)
+    for trial in range(30):
+        stats = AcceptanceStats(max_depth=4, sample_floor=1, level_variance=0.5)
+        alone: dict[int, AcceptanceStats] = {}  # class -> statistics fed its samples alone
+        first_class = int(rng.integers(0, 3))
+        for step in range(int(rng.integers(1, 25))):
+            n, d = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+            accept = rng.integers(1, d + 2, size=n)
+            mixed = step > 8 and rng.random() < 0.5
+            classes = (rng.integers(0, 3, size=n) if mixed else np.full(n, first_class))
+            without = step > 8 and rng.random() < 0.1
+            stats.record(num_requests=n, fill_rows=n * (d + 1), depth=d, accept_lens=accept,
+                         verify_lens=np.full(n, d + 1), step=step,
+                         classes=None if without else classes)
+            if without:
+                continue
+            for c in np.unique(classes).tolist():
+                mine = classes == c
+                alone.setdefault(c, AcceptanceStats(max_depth=4, sample_floor=1)).record(
+                    num_requests=int(mine.sum()), fill_rows=int(mine.sum()) * (d + 1),
+                    depth=d, accept_lens=accept[mine], verify_lens=np.full(mine.sum(), d + 1),
+                    step=step)
+        for c, own in alone.items():
+            assert stats._has_class(c)
+            np.testing.assert_array_equal(stats._class_fit(c),
+                                          own._fit(own.survival, own._survival_weight))
