@@ -282,24 +282,31 @@ class AcceptanceStats:
         if self.estimator == "interpolate" and np.isfinite(self.ratio[1:]).any():
             return np.stack([self.progress_many(n, u[i], int(d), now=now, room=room)
                              for i, d in enumerate(depths.tolist())])
-        if self.has_survival:
-            prior = self._survival_fill(n, u, depths[:, None], room)
-        else:
-            prior = np.ones(u.shape)
-        out = prior.copy()
         keyed = [self._by_nd.get((n, d, self._batch_key)) for d in depths.tolist()]
-        if any(keyed):
-            shift = self._pooled_shift(prior, n, u, depths[:, None], room)  # [D, C]
-            for i, d in enumerate(depths.tolist()):
-                if keyed[i]:
-                    self._blend(out[i], prior[i], shift[i], n, u[i], d, now)
+        if not self.has_survival:
+            prior = np.ones(u.shape)
+            shift = np.zeros(u.shape)
+        elif any(keyed) and self._shifted():
+            prior, base = self._survival_fills(n, u, depths[:, None], room, (True, False))
+            shift = prior - base  # [D, C]
+        else:
+            prior = self._survival_fill(n, u, depths[:, None], room)
+            shift = np.zeros(u.shape)
+        out = prior.copy()
+        for i, d in enumerate(depths.tolist()):
+            if keyed[i]:
+                self._blend(out[i], prior[i], shift[i], n, u[i], d, now)
         return out
+
+    def _shifted(self) -> bool:
+        """Whether the batch's level moves the survival fill (and so the keys' EMAs)."""
+        return self.level.delta != 0.0 and self.has_survival and self.estimator == "survival"
 
     def _pooled_shift(self, prior: np.ndarray, n: int, u: np.ndarray, depth,
                       room: np.ndarray | None) -> np.ndarray:
         """What the batch's level adds to the fill estimate `prior` (0 without a shift): a
         key's EMA is a pooled-level figure, so the level moves it as it moves the fill."""
-        if self.level.delta == 0.0 or not self.has_survival or self.estimator != "survival":
+        if not self._shifted():
             return np.zeros(np.shape(prior))
         return prior - self._survival_fill(n, u, depth, room, shifted=False)
 
@@ -310,18 +317,18 @@ class AcceptanceStats:
         entries = self._by_nd.get((n, depth, self._batch_key))
         if not entries:
             return
-        exact_full = (self.full_width_from_survival
-                      and np.isfinite(self.survival[1:min(depth, self.max_depth) + 1]).all())
+        # the fill is exact at full width and better fed than one key's EMA
+        skip = n * (depth + 1) if self.full_width_from_survival and (
+            np.isfinite(self.survival[1:min(depth, self.max_depth) + 1]).all()) else None
+        half_life, ratios = self.half_life, self.estimator == "interpolate"
         for i, rows in enumerate(u.tolist()):
-            if exact_full and rows == n * (depth + 1):
-                continue  # the fill is exact at full width and better fed than one key's EMA
             e = entries.get(rows)
-            if e is None:
+            if e is None or rows == skip:
                 continue
             weight = min(1.0, e[3])  # evidence: requests seen, in units of sample_floor
-            if self.half_life is not None:
-                weight *= 0.5 ** (max(0, now - e[2]) / self.half_life)
-            if self.estimator == "interpolate":
+            if half_life is not None:
+                weight *= 0.5 ** (max(0, now - e[2]) / half_life)
+            if ratios:
                 weight *= min(1.0, e[1] / self.blend_samples)
             out[i] = weight * (e[0] + shift[i]) + (1.0 - weight) * prior[i]
 
@@ -404,7 +411,12 @@ class AcceptanceStats:
         sum_j c[j] s[j], and the r - R[f] rows of level f+1 commit s[f+1] each.
         depth: an int, or an int array broadcasting against u. shifted=False: the pooled level,
         before the batch's level shift."""
-        s = self._levels()[0] if shifted else self._base_curve()
+        return self._survival_fills(n, u, depth, room, (shifted,))[0]
+
+    def _survival_fills(self, n: int, u: np.ndarray, depth, room: np.ndarray | None,
+                        shifted: tuple[bool, ...]) -> list[np.ndarray]:
+        """_survival_fill for each curve in `shifted` (the batch's, the pooled one), sharing
+        where the rows land: only what each row commits differs."""
         k = self.max_depth
         if room is None:
             counts = np.full(k + 1, n, dtype=np.int64)
@@ -413,14 +425,18 @@ class AcceptanceStats:
                                  minlength=k + 1)[::-1].cumsum()[::-1]
         counts[0] = 0
         rows = counts.cumsum()  # [K+1] R[f]
-        gained = (counts * s).cumsum()  # [K+1] tokens of the first f levels
         levels = np.minimum(depth, k)
         r = np.minimum(np.maximum(u - n, 0), rows[levels])  # draft rows placed
         full = np.minimum(np.searchsorted(rows, r, side="right") - 1, levels)
         partial = r - rows[full]  # [C] rows of level full+1 (0 once every level is full)
-        nxt = s[np.minimum(full + 1, k)]
-        committed = n + gained[full] + partial * nxt
-        return committed / np.maximum(u, 1)
+        after = np.minimum(full + 1, k)
+        width = np.maximum(u, 1)
+        out = []
+        for each in shifted:
+            s = self._levels()[0] if each else self._base_curve()
+            gained = (counts * s).cumsum()  # [K+1] tokens of the first f levels
+            out.append((n + gained[full] + partial * s[after]) / width)
+        return out
 
     def _interpolated(self, n: int, u: np.ndarray, depth: int) -> np.ndarray:
         r = np.where(np.isfinite(self.ratio), self.ratio, 1.0)
