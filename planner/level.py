@@ -97,7 +97,7 @@ class LevelShift:
         prev = np.concatenate([[1.0], s[1:-1]])
         a[1:] = np.where(s[1:] >= prev, 1.0, a[1:])  # no measured drop there: nothing to move
         out = s.copy()
-        # A depth at 1.0 (nothing measured yet, stats._fit) stays 1.0: it keeps its pull.
+        # A depth at 1.0 (nothing measured yet, SurvivalCurves.fit) stays 1.0: it keeps its pull.
         out[1:] = np.where(s[1:] == 1.0, 1.0, np.cumprod(a[1:]))
         return out
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .costs import CostTable
-from .stats import non_increasing
+from .survival import non_increasing
 from .types import DrafterKind, PlannerSpec
 
 

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from lightspec_jax.pallas_kernels import use_pallas
 from lightspec_jax.planner import CostTable
-from lightspec_jax.planner.stats import non_increasing
+from lightspec_jax.planner.survival import non_increasing
 
 from .batch import SlotState
 from .runner import ModelRunner

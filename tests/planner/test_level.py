@@ -105,5 +105,5 @@ def test_key_emas_move_with_the_level():
                      verify_lens=np.array([3]), step=step, full_width=False)
     baseline = stats.progress(1, 3, 5, now=40)
     stats.level.delta = 1.5
-    stats._filled = None
+    stats.curves._filled = None  # the shifted curve is cached until the level moves
     assert stats.progress(1, 3, 5, now=40) > baseline

@@ -56,7 +56,7 @@ def test_depths_past_the_measured_ones_continue_its_conditional_acceptance():
     # (2, 6, 2): 2 target rows + 2 rows at depth 1 (0.5 each) + 2 at depth 2 (0.5 * 0.5 each)
     assert stats.progress(2, 6, 2, now=0) == pytest.approx((2 + 1 + 0.5) / 6)
     record(stats, 2, 8, 3, [4, 2])  # depths 1-3 measured; depth 4 follows s[3] / s[2]
-    s, _ = stats._levels()
+    s, _ = stats.curves.levels()
     assert s[4] == pytest.approx(s[3] * s[3] / s[2])
     assert np.all(np.diff(s[1:]) <= 1e-12)
 
@@ -143,13 +143,13 @@ def test_fill_uses_a_non_increasing_survival_curve():
         record(stats, 2, 6, 2, [1, 2])  # depths 1-2 only: s1 -> 0.625, s2 -> 0.25
     assert stats.survival[1:].tolist() == pytest.approx([0.625, 0.25, 1.0])  # raw EMAs
     # s3 (weight 1) > s2 (weight 4): pooled to (4 * 0.25 + 1 * 1.0) / 5 = 0.4 each
-    s, _ = stats._levels()
+    s, _ = stats.curves.levels()
     assert s[1:].tolist() == pytest.approx([0.625, 0.4, 0.4])
     assert stats.progress(2, 7, 3, now=0) == pytest.approx((2 + 2 * (0.625 + 0.4) + 0.4) / 7)
     # an already non-increasing curve is left alone
     fresh = AcceptanceStats(max_depth=3)
     record(fresh, 2, 8, 3, [4, 2])
-    assert fresh._levels()[0][1:].tolist() == fresh.survival[1:].tolist() == [1.0, 0.5, 0.5]
+    assert fresh.curves.levels()[0][1:].tolist() == fresh.survival[1:].tolist() == [1.0, 0.5, 0.5]
 
 
 def test_interpolation_estimator_is_linear_in_fractional_draft_rows():
@@ -222,6 +222,6 @@ def test_the_only_class_seen_shares_the_pooled_curve_until_another_arrives():
                     depth=d, accept_lens=accept[mine], verify_lens=np.full(mine.sum(), d + 1),
                     step=step)
         for c, own in alone.items():
-            assert stats._has_class(c)
-            np.testing.assert_array_equal(stats._class_fit(c),
-                                          own._fit(own.survival, own._survival_weight))
+            assert stats.curves.has_class(c)
+            np.testing.assert_array_equal(stats.curves.class_fit(c),
+                                          own.curves.fit(own.curves.pooled, own.curves.weights))
