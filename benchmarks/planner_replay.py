@@ -1,0 +1,163 @@
+"""The planner's host time, replayed: record every planner call of a real serving run, then
+time the planner alone on those calls and check that it makes the same plans.
+
+plan() and observe() run on the host every engine step, so their time is step time (on this
+CPU the "device" computes on the same two cores, and inside a live step they run about twice
+as slow as alone). Timing them inside the serving loop mixes them with the device's work;
+replaying the recorded calls into a fresh planner times the planner alone, on real inputs
+(batch shapes, request ends, acceptance, measured step times), and compares its plans with
+the ones the run made - so a change meant to be a pure speed-up can show that it decides
+exactly as before.
+
+    # dynamic:7 on the shipped pair: warm-up, then two passes over the prompts
+    python benchmarks/planner_replay.py record --workload humaneval --concurrency 1 \
+        --num-prompts 32 --out he-c1.pkl
+    # microseconds per step by call, best of --repeats; exits 1 if any plan differs
+    python benchmarks/planner_replay.py replay he-c1.pkl [more.pkl ...] --repeats 10
+
+A recording holds the planner's construction (its spec, initial cost tables as JSON, options)
+and the calls' arguments, not the planner object, so one recording replays on any later
+version of the planner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import math
+import pickle
+import sys
+import time
+from collections import defaultdict
+
+CALLS = ("plan", "observe", "observe_host", "observe_period")
+TABLES = ("target_costs", "draft_costs", "depth_costs", "host_costs")
+
+
+def record(args) -> None:
+    import types
+
+    import lightspec_jax.engine.engine as engine_module
+    from lightspec_jax import SamplingParams
+    from lightspec_jax.bench.serve import build_engine
+    from lightspec_jax.bench.workloads import load_workload
+    from lightspec_jax.tokenizer import Tokenizer
+
+    pair = args.pair.rstrip("/")
+    tok = Tokenizer.from_file(f"{pair}/target/tokenizer.json")
+    items = load_workload(args.workload, tok, args.num_prompts, seed=0, max_prompt_len=256)
+    prompts = [i.prompt_token_ids for i in items]
+    params = [SamplingParams(max_tokens=min(args.max_tokens, max(i.output_len, 1)), seed=k)
+              for k, i in enumerate(items)]
+    longest = max(map(len, prompts))
+    built = {}
+    make = engine_module.make_planner
+
+    def capture(kind, spec, **kwargs):  # the engine's planner, as constructed
+        built.update(kind=kind, spec=spec, kwargs={
+            k: (v.to_json() if k in TABLES and v is not None else v) for k, v in kwargs.items()})
+        return make(kind, spec, **kwargs)
+
+    engine_module.make_planner = capture
+    try:
+        engine = build_engine(types.SimpleNamespace(target=f"{pair}/target",
+                                                    drafter=f"{pair}/{args.drafter}",
+                                                    dtype="float32"),
+                              policy="dynamic", depth=args.depth, concurrency=args.concurrency,
+                              max_model_len=longest + args.max_tokens + 1,
+                              longest_prompt=longest)
+    finally:
+        engine_module.make_planner = make
+    calls = []
+    planner = engine.planner
+    for name in CALLS:
+        method = getattr(planner, name)
+
+        def logged(*a, _method=method, _name=name, **kw):
+            result = _method(*a, **kw)
+            calls.append((_name, copy.deepcopy(a), copy.deepcopy(kw), result))
+            return result
+
+        setattr(planner, name, logged)
+    warm = min(args.concurrency, len(prompts))
+    engine.generate(prompts[:warm], [dataclasses.replace(p, max_tokens=4) for p in params[:warm]])
+    for _ in range(2):
+        engine.generate(prompts, params)
+    with open(args.out, "wb") as f:
+        pickle.dump({"planner": built, "calls": calls}, f)
+    steps = sum(name == "plan" for name, *_ in calls)
+    print(f"recorded {len(calls)} planner calls ({steps} plans) to {args.out}")
+
+
+def _fresh_planner(built):
+    from lightspec_jax.planner import CostTable, make_planner
+
+    kwargs = {k: (CostTable.from_json(v) if k in TABLES and v is not None else v)
+              for k, v in built["kwargs"].items()}
+    return make_planner(built["kind"], built["spec"], **kwargs)
+
+
+def _same(a, b) -> bool:
+    """Two StepPlans alike field by field (NaN equal to NaN)."""
+    for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b)):
+        if x != y and not (isinstance(x, float) and math.isnan(x) and math.isnan(y)):
+            return False
+    return True
+
+
+def replay(args) -> int:
+    differ = 0
+    for path in args.recordings:
+        with open(path, "rb") as f:
+            recording = pickle.load(f)
+        calls = recording["calls"]
+        steps = sum(name == "plan" for name, *_ in calls)
+        best: dict[str, float] = defaultdict(lambda: math.inf)
+        for repeat in range(args.repeats):
+            planner = _fresh_planner(recording["planner"])
+            spent: dict[str, float] = defaultdict(float)
+            mismatches = 0
+            for name, a, kw, result in calls:
+                method = getattr(planner, name)
+                start = time.perf_counter()
+                out = method(*a, **kw)
+                spent[name] += time.perf_counter() - start
+                if name == "plan" and not _same(out, result):
+                    mismatches += 1
+            for name, seconds in spent.items():
+                best[name] = min(best[name], seconds)
+        differ += mismatches
+        parts = "  ".join(f"{name} {1e6 * best[name] / steps:.0f}" for name in CALLS
+                          if name in best)
+        total = sum(best.values())
+        print(f"{path}: {steps} plans; us per step, best of {args.repeats}: total "
+              f"{1e6 * total / steps:.0f} ({parts}); plans that differ: {mismatches}")
+    return 1 if differ else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="serve a workload and record the planner's calls")
+    rec.add_argument("--workload", default="humaneval")
+    rec.add_argument("--concurrency", type=int, default=1)
+    rec.add_argument("--num-prompts", type=int, default=32)
+    rec.add_argument("--max-tokens", type=int, default=64)
+    rec.add_argument("--depth", type=int, default=7)
+    rec.add_argument("--pair", default="lightspec_jax/assets/tiny-pair",
+                     help="the shipped pair's folder (target/ and the drafter beside it)")
+    rec.add_argument("--drafter", default="drafter", help="the drafter's folder in the pair")
+    rec.add_argument("--out", required=True)
+    rep = sub.add_parser("replay", help="time the planner on recorded calls")
+    rep.add_argument("recordings", nargs="+")
+    rep.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        record(args)
+    else:
+        sys.exit(replay(args))
+
+
+if __name__ == "__main__":
+    main()

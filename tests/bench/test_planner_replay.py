@@ -1,0 +1,71 @@
+"""benchmarks/planner_replay.py: a recording replays into a fresh planner, which must make the
+recorded plans; one that differs fails the replay."""
+
+import dataclasses
+import importlib.util
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "planner_replay", os.path.join(ROOT, "benchmarks", "planner_replay.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _recording(bench):
+    """A recording as `record` writes one, from a planner driven without an engine."""
+    buckets = (1, 2, 4, 6, 8, 12, 16)
+    built = {"kind": "dynamic",
+             "spec": PlannerSpec(verify_buckets=buckets, draft_depths=(1, 2, 3), max_depth=3,
+                                 floor=True),
+             "kwargs": {"target_costs": CostTable({b: 1.0 + 0.2 * b for b in buckets}).to_json(),
+                        "draft_costs": CostTable({b: 0.2 + 0.02 * b for b in buckets}).to_json(),
+                        "replan_every": 4}}
+    planner, rng, calls = bench._fresh_planner(built), np.random.default_rng(0), []
+    for _ in range(60):
+        n = int(rng.integers(1, 5))
+        kw = dict(num_requests=n, remaining=rng.integers(1, 10, size=n))
+        plan = planner.plan(**kw)
+        calls.append(("plan", (), kw, plan))
+        accept = np.minimum(rng.geometric(0.35, size=n), plan.verified_depth + 1)
+        obs = StepObservation(plan=plan, accept_lens=accept, step_ms=1.0 + 0.1 * plan.verify_rows)
+        planner.observe(obs)
+        calls.append(("observe", (obs,), {}, None))
+        planner.observe_host(num_requests=n, host_ms=0.3)
+        calls.append(("observe_host", (), dict(num_requests=n, host_ms=0.3), None))
+    return {"planner": built, "calls": calls}
+
+
+def test_a_recording_replays_to_the_same_plans_and_a_changed_one_fails(tmp_path, capsys):
+    bench = _bench()
+    recording = _recording(bench)
+    assert {c[3].reason for c in recording["calls"] if c[0] == "plan"} >= {"plan"}
+    same = tmp_path / "same.pkl"
+    same.write_bytes(pickle.dumps(recording))
+    with pytest.raises(SystemExit) as done:
+        bench.main(["replay", str(same), "--repeats", "2"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "60 plans" in out and "plans that differ: 0" in out
+
+    i = next(i for i, c in enumerate(recording["calls"])
+             if c[0] == "plan" and c[3].reason == "plan")
+    name, a, kw, plan = recording["calls"][i]
+    other = dataclasses.replace(plan, draft_depth=plan.draft_depth % 3 + 1)
+    recording["calls"][i] = (name, a, kw, other)
+    changed = tmp_path / "changed.pkl"
+    changed.write_bytes(pickle.dumps(recording))
+    with pytest.raises(SystemExit) as done:
+        bench.main(["replay", str(changed), "--repeats", "1"])
+    assert done.value.code == 1
+    assert "plans that differ: 1" in capsys.readouterr().out
