@@ -154,7 +154,7 @@ def build_parser() -> Parser:
     s.add_argument("--max-depth", type=int, default=7,
                    help="K for a dynamic or dspark policy given without one (dynamic means dynamic:K)")
     s.add_argument("--num-prompts", type=int, default=None, metavar="N",
-                   help="prompts per concurrency level (default: max(16, 2 x C))")
+                   help="prompts per concurrency level (default: max(48, 2 x C))")
     s.add_argument("--max-tokens", type=int, default=64,
                    help="new tokens per request at most; a request also ends at EOS and at its "
                         "reference answer's length")
