@@ -1,6 +1,6 @@
 """The batch's acceptance level: a one-number correction of the pooled survival, tracked fast.
 
-The pooled survival curve (stats.py) is an average over many requests and hundreds of steps.
+The pooled survival curve (survival.py) is an average over many requests and hundreds of steps.
 At low concurrency that is the wrong conditioning: the batch is one to a few requests, and how
 well the drafter does on *them*, now, is what the next step's depth should follow. Acceptance
 varies by request (an easy prompt, a hard one) and drifts within one (boilerplate, then
@@ -21,7 +21,7 @@ batch. delta is a Kalman-filtered estimate in logit space (one dimension, extend
 
 With many requests per step the pooled curve is itself fresh (every step feeds it N samples)
 and delta's stationary spread V / N is small, so the correction fades by itself where it is
-not needed. Only full-width steps feed it, for the reason the survival has (stats.py: a trimmed
+not needed. Only full-width steps feed it, for the reason the survival has (survival.py: a trimmed
 step verifies deep positions only for confident requests).
 """
 

@@ -17,11 +17,11 @@ depth free; a request's remaining allowance caps what the fill may verify and th
 may propose (`remaining`), and censored requests stay out of the survival; the floor, depth 0,
 is a choice when the engine offers it (PlannerSpec.floor), taken only when it beats the best
 speculative depth by `floor_margin`, since it forfeits the next step's proposal; statistics
-are kept per sampling class and follow the batch's acceptance level (stats.py, level.py);
-host time is priced apart for drafting steps; and both stages choose at calibrated prices:
-the model's step ms times what the loop's measured periods say that (bucket, depth) cell and
-its regime really cost (calibration.py), with an occasional visit to a close, unmeasured
-rival depth so that the calibration can compare it (`_rival`).
+are kept per sampling class and follow the batch's acceptance level (stats.py, survival.py,
+level.py); host time is priced apart for drafting steps; and both stages choose at calibrated
+prices: the model's step ms times what the loop's measured periods say that (bucket, depth)
+cell and its regime really cost (calibration.py), with an occasional visit to a close,
+unmeasured rival depth so that the calibration can compare it (`_rival`).
 
 Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
 planner trims or drafts shallow, deeper positions are verified only for confident requests or

@@ -151,11 +151,14 @@ class StepCosts:
     def depth_ms(self, depth: int) -> float:
         """The draft run's part after its first forward: the measured stage, (d-1) further
         forwards (autoregressive) or the block forward (parallel); nothing at depth 0."""
-        if depth == 0:
-            return 0.0
-        if self.stage_by_depth is not None:
-            return self.stage_by_depth[depth]
-        return (depth - 1) * self.draft_tail
+        return float(self._stage_ms(np.array([depth]))[0])
+
+    def _stage_ms(self, depths: np.ndarray) -> np.ndarray:
+        """depth_ms for each depth: [D] -> [D] ms."""
+        stage_ms = self._arrays[3]
+        tail = (np.maximum(depths - 1, 0) * self.draft_tail if stage_ms is None
+                else stage_ms[depths])
+        return np.where(depths > 0, tail, 0.0)
 
     def host(self, drafts=False) -> np.ndarray:
         """Host ms of steps that draft (`drafts`: a bool or bools) or not."""
@@ -179,15 +182,12 @@ class StepCosts:
 
     def device_ms_grid(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """The device's part of step_ms_grid: verify, then the draft run ([D] x [C] -> [D, C])."""
-        every, verify_ms, first_ms, stage_ms = self._arrays
+        every, verify_ms, first_ms, _ = self._arrays
         at = np.searchsorted(every, buckets)  # [C]
         if (at >= len(every)).any() or (every[np.minimum(at, len(every) - 1)] != buckets).any():
             raise KeyError(f"buckets {buckets} are not all priced ({every.tolist()})")
         depths = np.asarray(depths)
-        if stage_ms is not None:
-            tail = stage_ms[depths]  # [D]
-        else:  # (d - 1) further forwards; nothing at depth 0
-            tail = np.maximum(depths - 1, 0) * self.draft_tail
+        tail = self._stage_ms(depths)  # [D]
         drafts = (depths > 0)[:, None]  # [D, 1]
         return verify_ms[at][None, :] + np.where(drafts, first_ms[at][None, :] + tail[:, None],
                                                  0.0)
@@ -201,7 +201,7 @@ def _never_cheaper(table: CostTable, keys, context_len: float | None) -> np.ndar
     chosen (or always chosen) to be corrected. On the tiny pair at math c=1 the refreshed
     tables priced the depth-3 stage at 4.8 ms against 4.5 for depth 4, and 8 verify rows
     below 4 at a short context. Violating cells are pooled, weighted by their samples (the
-    PAVA fit the survival uses, stats.py), so a well-measured cell moves least."""
+    PAVA fit the survival uses, survival.py), so a well-measured cell moves least."""
     ms = table.estimate_many(keys, context_len)  # [K]
     weights = table.count_many(keys, context_len).astype(float)  # [K]
     return -non_increasing(-ms, weights)
