@@ -1,0 +1,236 @@
+"""Planner variants side by side: several engines in one process, the same prompts, interleaved.
+
+`lightspec-bench serve` compares policies; this compares *how* a policy plans. Each variant is a
+policy with planner options (any `LightSpecOptions` field) and, for diagnosis, a forced next
+draft depth. Every variant is built and warmed first; then each repeat serves the prompts on
+every variant in a rotated order, so a slow phase of this shared machine spreads over them all.
+Outputs must agree token for token across variants (greedy): the script exits 1 otherwise.
+
+    python benchmarks/policy_ab.py --workload sharegpt --concurrency 16 --repeats 3 \\
+        static:2 free=dynamic:7 nocal=dynamic:7,calibrate=false d2=dynamic:7,force_depth=2
+
+A variant is [label=]policy[,option=value...]; option values parse as Python literals (true,
+false and none also work). `force_depth=D` makes the dynamic planner draft D after every step
+and turns its probes off (what the free choice costs against a fixed depth in the same engine).
+
+Per variant it prints throughput (mean, per repeat, against the first variant), the host and
+planner ms per decode step, the draft depths chosen, and where the wall time went by kind of
+step - `prefill` (the step also ran a prompt chunk), `full` (decode only, at least 3/4 of the
+concurrency decoding), `tail` (decode only, fewer) - with tokens per ms in each. With
+`--periods` it also fits, per kind of step, the loop's period between read-backs against the
+prompt rows, verify rows and draft rows in it (least squares): what a verify row costs the loop
+beside a prompt chunk and without one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import dataclasses
+import os
+import sys
+import time
+import types
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    label: str
+    policy: str  # none | static | dynamic | dspark
+    depth: int  # K (0 for none)
+    options: dict  # planner options (make_planner keyword arguments)
+    force_depth: int | None = None
+
+
+def parse_variant(text: str) -> Variant:
+    """'[label=]policy[:K][,option=value...]' -> Variant."""
+    from lightspec_jax.bench.policies import parse_policy, policy_name
+
+    head, *rest = text.split(",")
+    label, eq, policy = head.partition("=")
+    if not eq:
+        label, policy = "", head
+    name, k = parse_policy(policy)
+    if name != "none" and k is None:
+        k = 7
+    options, force = {}, None
+    for item in rest:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise argparse.ArgumentTypeError(f"variant {text!r}: options are key=value, got "
+                                             f"{item!r}")
+        word = {"true": "True", "false": "False", "none": "None"}.get(value.lower(), value)
+        try:
+            parsed = ast.literal_eval(word)
+        except (ValueError, SyntaxError):
+            raise argparse.ArgumentTypeError(f"variant {text!r}: cannot read {value!r} as a "
+                                             "number, true, false or none") from None
+        if key == "force_depth":
+            force = int(parsed)
+        else:
+            options[key] = parsed
+    if (options or force is not None) and name not in ("dynamic", "dspark"):
+        raise argparse.ArgumentTypeError(f"variant {text!r}: planner options apply to dynamic "
+                                         "and dspark policies only")
+    return Variant(label=label or text, policy=name, depth=k or 0, options=options,
+                   force_depth=force)
+
+
+def build(variant: Variant, args, concurrency: int, longest: int):
+    import lightspec_jax.engine.engine as engine_module
+    from lightspec_jax.bench.serve import build_engine
+
+    make = engine_module.make_planner
+    engine_module.make_planner = lambda *a, **kw: make(*a, **{**kw, **variant.options})
+    try:
+        engine = build_engine(args, policy=variant.policy, depth=variant.depth,
+                              concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,
+                              longest_prompt=longest)
+    finally:
+        engine_module.make_planner = make
+    if variant.force_depth is not None:
+        planner, depth = engine.planner, variant.force_depth
+        if depth not in planner.spec.choices:
+            raise SystemExit(f"{variant.label}: force_depth={depth} is not one of the planner's "
+                             f"depths {list(planner.spec.choices)}")
+        decide = planner._next_depth  # still priced: plan() reads stage 2's grid
+
+        def forced(costs, n):
+            decide(costs, n)
+            return depth, 0.0
+
+        planner._next_depth = forced
+        planner.options = dataclasses.replace(planner.options, explore_fraction=0.0)
+    return engine
+
+
+def summarize(repeats: list[list], concurrency: int) -> dict:
+    """repeats: per repeat, (read time, StepRecord, StepPlan) of each step read back."""
+    kinds = collections.defaultdict(lambda: [0, 0.0, 0])  # kind -> steps, ms, tokens
+    for steps in repeats:
+        for (before, _, _), (when, record, _) in zip(steps, steps[1:]):
+            kind = ("prefill" if record.prefill_rows else
+                    "full" if record.num_requests >= 0.75 * concurrency else
+                    "tail" if record.num_requests else "empty")
+            cell = kinds[kind]
+            cell[0] += 1
+            cell[1] += 1e3 * (when - before)
+            cell[2] += record.emitted
+    decode = [r for steps in repeats for _, r, _ in steps if r.verify_rows and not r.prefill_rows]
+    return {"kinds": dict(kinds),
+            "plan_ms": float(np.mean([r.plan_ms for r in decode])) if decode else 0.0,
+            "host_ms": float(np.mean([r.host_ms for r in decode])) if decode else 0.0,
+            "depths": dict(sorted(collections.Counter(r.draft_depth for r in decode).items()))}
+
+
+def period_fit(repeats: list[list]) -> list[str]:
+    """Least squares, per kind of step, of the period between read-backs on prompt rows,
+    verify rows and the draft rows before them (the previous plan's depth x requests)."""
+    rows = []
+    for steps in repeats:
+        for (before, _, last), (when, record, plan) in zip(steps, steps[1:]):
+            if plan is not None and last is not None and record.num_requests:
+                rows.append((1e3 * (when - before), record.prefill_rows, record.verify_rows,
+                             last.draft_depth * last.num_requests))
+    out = []
+    data = np.array(rows, float).reshape(-1, 4)
+    for kind, mask in (("decode", data[:, 1] == 0), ("prefill", data[:, 1] > 0)):
+        x = data[mask]
+        if len(x) < 8:
+            out.append(f"{kind}: {len(x)} steps, too few to fit")
+            continue
+        design = np.column_stack([np.ones(len(x)), x[:, 1], x[:, 2], x[:, 3]])
+        coef = np.linalg.lstsq(design, x[:, 0], rcond=None)[0]
+        resid = x[:, 0] - design @ coef
+        r2 = 1.0 - (resid ** 2).sum() / max(((x[:, 0] - x[:, 0].mean()) ** 2).sum(), 1e-12)
+        out.append(f"{kind}: {len(x)} steps, period ms = {coef[0]:.2f} + {coef[1]:.4f} x prompt"
+                   f" rows + {coef[2]:.4f} x verify rows + {coef[3]:.4f} x draft rows "
+                   f"(R^2 {r2:.2f}; mean {x[:, 0].mean():.1f} ms)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("variants", nargs="+", type=parse_variant,
+                        help="[label=]policy[,option=value...]; the first is the reference")
+    parser.add_argument("--workload", default="sharegpt")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help="prompts per repeat (default: max(24, 4 x concurrency))")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--periods", action="store_true",
+                        help="fit each variant's step periods by kind of step")
+    parser.add_argument("--pair", default=None,
+                        help="a pair's folder holding target/ and drafter/ (default: the "
+                        "shipped tiny pair)")
+    args = parser.parse_args(argv)
+    from lightspec_jax import SamplingParams
+    from lightspec_jax.bench.workloads import load_workload
+    from lightspec_jax.tokenizer import Tokenizer
+
+    from lightspec_jax.assets import tiny_pair
+
+    c = args.concurrency
+    if args.pair is None:
+        shipped = tiny_pair()
+        target, drafter = shipped.target, shipped.drafter
+    else:
+        target, drafter = (os.path.join(args.pair, d) for d in ("target", "drafter"))
+    model = types.SimpleNamespace(target=target, drafter=drafter, dtype="float32",
+                                  max_tokens=args.max_tokens)
+    tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
+    items = load_workload(args.workload, tok, args.num_prompts or max(24, 4 * c), seed=0,
+                          max_prompt_len=256)
+    prompts = [i.prompt_token_ids for i in items]
+    params = [SamplingParams(max_tokens=min(args.max_tokens, max(i.output_len, 1)), seed=k)
+              for k, i in enumerate(items)]
+    longest = max(map(len, prompts))
+    runs = {}
+    for v in args.variants:
+        if v.label in runs:
+            raise SystemExit(f"two variants are labelled {v.label!r}: give one a label=")
+        engine = build(v, model, c, longest)
+        warm = min(c, len(prompts))
+        engine.generate(prompts[:warm], [dataclasses.replace(p, max_tokens=4)
+                                         for p in params[:warm]])
+        repeats: list[list] = []  # per repeat: (read time, StepRecord, StepPlan) per step
+        engine.add_step_observer(lambda e, r=repeats: r[-1].append(
+            (time.perf_counter(), e.record, e.plan)))
+        runs[v.label] = (engine, repeats, [])
+    labels, outputs = list(runs), {}
+    for rep in range(args.repeats):
+        for label in labels[rep % len(labels):] + labels[:rep % len(labels)]:
+            engine, repeats, tok_s = runs[label]
+            repeats.append([])
+            start = time.perf_counter()
+            out = engine.generate(prompts, params)
+            tok_s.append(sum(len(o.token_ids) for o in out) / (time.perf_counter() - start))
+            outputs[label] = [o.token_ids for o in out]
+    reference = np.mean(runs[labels[0]][2])
+    print(f"{args.workload}, c={c}, {len(prompts)} prompts, max_tokens {args.max_tokens}, "
+          f"{args.repeats} interleaved repeats (tok/s mean, per repeat, x {labels[0]}):")
+    for label in labels:
+        _, repeats, tok_s = runs[label]
+        s = summarize(repeats, c)
+        print(f"{label:>12s} {np.mean(tok_s):8.1f} [{' '.join(f'{x:.0f}' for x in tok_s)}] "
+              f"x{np.mean(tok_s) / reference:.3f}  host ms/step {s['host_ms']:.2f} (planner "
+              f"{s['plan_ms']:.2f})  depths {s['depths']}")
+        print(" " * 13 + "  ".join(f"{k}: {n} steps {ms:.0f} ms {t} tok ({t / ms:.2f}/ms)"
+                                   for k, (n, ms, t) in sorted(s["kinds"].items()) if ms > 0))
+        if args.periods:
+            for line in period_fit(repeats):
+                print(" " * 13 + line)
+    differ = [label for label in labels if outputs[label] != outputs[labels[0]]]
+    if differ:
+        print(f"OUTPUTS DIFFER from {labels[0]}'s: {differ}")
+        return 1
+    print(f"every variant's output equals {labels[0]}'s, token for token")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""benchmarks/policy_ab.py: variants parse as written, the step accounting adds up, and planner
+variants served side by side agree token for token."""
+
+import argparse
+import importlib.util
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        "policy_ab", os.path.join(ROOT, "benchmarks", "policy_ab.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_variants_parse_labels_options_and_a_forced_depth(bench):
+    v = bench.parse_variant("nocal=dynamic:5,calibrate=false,explore_fraction=0.01")
+    assert (v.label, v.policy, v.depth) == ("nocal", "dynamic", 5)
+    assert v.options == {"calibrate": False, "explore_fraction": 0.01}
+    assert v.force_depth is None
+    v = bench.parse_variant("dynamic,force_depth=2,stat_half_life=none")
+    assert (v.label, v.depth, v.force_depth) == ("dynamic,force_depth=2,stat_half_life=none", 7, 2)
+    assert v.options == {"stat_half_life": None}
+    assert bench.parse_variant("none").depth == 0
+    for bad in ("static:3,calibrate=false", "dynamic:7,calibrate", "dynamic:7,x=abc",
+                "dynamc:7"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_variant(bad)
+
+
+def _steps(rows):
+    """(read time s, StepRecord-like, plan-like) from (period ms, prompt rows, verify rows,
+    requests, emitted, next draft depth) rows; the first row only starts the clock."""
+    t, out = 0.0, []
+    for period, prompt, verify, n, emitted, depth in rows:
+        t += period / 1e3
+        record = types.SimpleNamespace(prefill_rows=prompt, verify_rows=verify, num_requests=n,
+                                       emitted=emitted, draft_depth=depth, plan_ms=0.5,
+                                       host_ms=1.0)
+        out.append((t, record, types.SimpleNamespace(draft_depth=depth, num_requests=n)))
+    return out
+
+
+def test_step_time_is_split_by_kind_and_the_period_fit_recovers_its_costs(bench):
+    rng = np.random.default_rng(0)
+    rows, last_draft = [(5.0, 0, 8, 4, 4, 1)], 4
+    for i in range(80):
+        prompt = int(rng.integers(16, 128)) if i % 3 == 0 else 0
+        n = 4 if i % 5 else 2
+        verify, depth = int(rng.integers(n, 4 * n)), int(rng.integers(1, 4))
+        # the true costs: 2 ms, 0.1 per prompt row, 0.3 per verify row beside a prompt chunk
+        # and 0.2 without, 0.05 per draft row drafted before the step
+        per_row = 0.3 if prompt else 0.2
+        period = 2.0 + 0.1 * prompt + per_row * verify + 0.05 * last_draft
+        rows.append((period, prompt, verify, n, verify // 2, depth))
+        last_draft = depth * n
+    steps = _steps(rows)
+    s = bench.summarize([steps], concurrency=4)
+    assert set(s["kinds"]) == {"prefill", "full", "tail"}
+    assert sum(k[0] for k in s["kinds"].values()) == 80  # the first read starts the clock
+    assert sum(k[1] for k in s["kinds"].values()) == pytest.approx(sum(r[0] for r in rows[1:]))
+    assert s["kinds"]["tail"][0] == sum(1 for r in rows[1:] if r[1] == 0 and r[3] == 2)
+    decode, prefill = bench.period_fit([steps])
+    assert "0.2000 x verify rows" in decode and "0.0500 x draft rows" in decode
+    assert "0.1000 x prompt rows" in prefill and "0.3000 x verify rows" in prefill
+
+
+def test_planner_variants_agree_token_for_token(bench, capsys):
+    code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
+                       "--max-tokens", "6", "--repeats", "2", "static:2",
+                       "d1=dynamic:3,force_depth=1,calibrate=false"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "every variant's output equals static:2's" in out
+    assert "depths {1:" in out.split("d1 ")[1]  # the forced depth is what it drafted
