@@ -16,7 +16,8 @@ and turns its probes off (what the free choice costs against a fixed depth in th
 Per variant it prints throughput (mean, per repeat, against the first variant), the host and
 planner ms per decode step, the draft depths chosen, and where the wall time went by kind of
 step - `prefill` (the step also ran a prompt chunk), `full` (decode only, at least 3/4 of the
-concurrency decoding), `tail` (decode only, fewer) - with tokens per ms in each. With
+concurrency decoding), `tail` (decode only, fewer) - with tokens per ms in each, and the share
+of decode steps that verified fewer rows than their proposal's full width (`trimmed`). With
 `--periods` it also fits, per kind of step, the loop's period between read-backs against the
 prompt rows, verify rows and draft rows in it (least squares): what a verify row costs the loop
 beside a prompt chunk and without one.
@@ -120,7 +121,11 @@ def summarize(repeats: list[list], concurrency: int) -> dict:
             cell[1] += 1e3 * (when - before)
             cell[2] += record.emitted
     decode = [r for steps in repeats for _, r, _ in steps if r.verify_rows and not r.prefill_rows]
+    plans = [p for steps in repeats for _, r, p in steps
+             if r.verify_rows and not r.prefill_rows and p is not None and p.full_rows]
     return {"kinds": dict(kinds),
+            # decode steps that verified fewer rows than the proposal's full width
+            "trimmed": sum(p.fill_rows < p.full_rows for p in plans) / max(len(plans), 1),
             "plan_ms": float(np.mean([r.plan_ms for r in decode])) if decode else 0.0,
             "host_ms": float(np.mean([r.host_ms for r in decode])) if decode else 0.0,
             "depths": dict(sorted(collections.Counter(r.draft_depth for r in decode).items()))}
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         s = summarize(repeats, c)
         print(f"{label:>12s} {np.mean(tok_s):8.1f} [{' '.join(f'{x:.0f}' for x in tok_s)}] "
               f"x{np.mean(tok_s) / reference:.3f}  host ms/step {s['host_ms']:.2f} (planner "
-              f"{s['plan_ms']:.2f})  depths {s['depths']}")
+              f"{s['plan_ms']:.2f})  depths {s['depths']}  trimmed {s['trimmed']:.0%}")
         print(" " * 13 + "  ".join(f"{k}: {n} steps {ms:.0f} ms {t} tok ({t / ms:.2f}/ms)"
                                    for k, (n, ms, t) in sorted(s["kinds"].items()) if ms > 0))
         if args.periods:

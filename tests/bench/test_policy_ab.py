@@ -48,7 +48,9 @@ def _steps(rows):
         record = types.SimpleNamespace(prefill_rows=prompt, verify_rows=verify, num_requests=n,
                                        emitted=emitted, draft_depth=depth, plan_ms=0.5,
                                        host_ms=1.0)
-        out.append((t, record, types.SimpleNamespace(draft_depth=depth, num_requests=n)))
+        plan = types.SimpleNamespace(draft_depth=depth, num_requests=n, fill_rows=verify,
+                                     full_rows=verify + (emitted % 2))
+        out.append((t, record, plan))
     return out
 
 
@@ -71,6 +73,8 @@ def test_step_time_is_split_by_kind_and_the_period_fit_recovers_its_costs(bench)
     assert sum(k[0] for k in s["kinds"].values()) == 80  # the first read starts the clock
     assert sum(k[1] for k in s["kinds"].values()) == pytest.approx(sum(r[0] for r in rows[1:]))
     assert s["kinds"]["tail"][0] == sum(1 for r in rows[1:] if r[1] == 0 and r[3] == 2)
+    decode_rows = [r for r in rows if r[1] == 0]  # every read counts here, the first too
+    assert s["trimmed"] == pytest.approx(sum(r[4] % 2 for r in decode_rows) / len(decode_rows))
     decode, prefill = bench.period_fit([steps])
     assert "0.2000 x verify rows" in decode and "0.0500 x draft rows" in decode
     assert "0.1000 x prompt rows" in prefill and "0.3000 x verify rows" in prefill
