@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from lightspec_jax.planner import PlannerSpec, StepObservation, StepPlan, make_planner
+from lightspec_jax.planner import PlannerSpec, StepPlan, make_planner
 
 from ..config import BATCH_INVARIANT_ROW_TILE, EngineConfig, Policy, SamplingParams
 from ..drafters import Drafter, NgramDrafter
@@ -31,7 +31,8 @@ from ..request import Request, RequestError, RequestOutput
 from ..tokenizer import Tokenizer
 from .intake import make_request
 from .buckets import CompileWatch, lazy_compile_events, powers_of_two, verify_buckets
-from .costs import CostStore, device_interval_ms
+from .costs import CostStore
+from .feedback import PlannerFeedback
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sharding import MeshLayout, engine_mesh
@@ -187,14 +188,14 @@ class Engine:
                   f"{len(config.buckets)} prefill buckets {list(config.buckets)} and "
                   f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
                   f"{self.compile_seconds:.1f} s")
-        self.planner = self.cost_profile = self._cost_store = None
+        self.planner = self.cost_profile = self._feedback = None
         if speculative:
-            tables = {}
+            tables, store = {}, None
             # Full width needs no prices: static decoding sweeps only to fill a given path.
             if spec.policy is not Policy.STATIC or config.cost_table_path:
-                self._cost_store = CostStore.for_engine(config, self.runner, model, depths=depths,
-                                                        policy=spec.policy.value)
-                self.cost_profile = self._cost_store.load_or_sweep(
+                store = CostStore.for_engine(config, self.runner, model, depths=depths,
+                                             policy=spec.policy.value)
+                self.cost_profile = store.load_or_sweep(
                     self.runner, depths=depths, show_progress=config.show_progress)
                 p = self.cost_profile
                 tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
@@ -214,6 +215,11 @@ class Engine:
                                                block_size=block, block_lead=lead,
                                                floor=floor),
                 overlap=hides_host_time(config), **tables, **options)
+            self._feedback = PlannerFeedback(
+                self.planner, refresh_costs=config.refresh_costs,
+                keep_confidences=spec.policy is Policy.DSPARK,
+                short_proposals=drafter.short_proposals, cost_store=store,
+                cost_profile=self.cost_profile)
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens)
@@ -225,14 +231,7 @@ class Engine:
         self._auto_id = 0
         self._steps = 0
         self._plan_ms = 0.0  # planner time within the current step()
-        # The previous read's time, whether it waited, and its decode read-back (cost refresh).
-        self._last_ready: float | None = None
-        self._last_waited = False
-        self._last_plan: StepPlan | None = None  # the previous decode step's plan
-        # (when, step index) of the last decode-only read-back (whole-step periods)
-        self._last_read: tuple[float, int] | None = None
-        self._last_readback = None
-        self._last_conf: np.ndarray | None = None  # [N, K], a step late (dspark)
+        self._last_readback = None  # the last decode step's read-back, on the device
 
     @classmethod
     def from_pretrained(cls, target_path: str, drafter_path: str | None = None, *,
@@ -348,7 +347,8 @@ class Engine:
             for out in self.step():
                 if out.finished:
                     results[out.request_id] = out
-        self._save_refreshed_costs()
+        if self._feedback is not None:
+            self._feedback.save()
         return [results[r.request_id] for r in requests]
 
     # --- one step ---------------------------------------------------------------------------
@@ -400,8 +400,9 @@ class Engine:
             return StepPlan(num_requests=n, num_with_proposal=0, verified_depth=0, fill_rows=n,
                             verify_rows=rows, draft_depth=0, update_stats=False, reason="plain")
         confidences = None
-        if self.policy is Policy.DSPARK and self._last_conf is not None:
-            confidences = self._last_conf[self.scheduler.decoding]
+        conf = self._feedback.last_conf
+        if conf is not None:
+            confidences = conf[self.scheduler.decoding]
         # The host's view of each request's remaining allowance lags the step in flight, which
         # emits at least one token per request.
         lag = int(self.config.overlap and self._in_flight is not None
@@ -435,7 +436,7 @@ class Engine:
         return changed, StepEvent(record, flight.plan, readback, self.runner.columns), wait_ms
 
     def _learn(self, flight: _InFlight, readback: np.ndarray, waited: bool, ready: float) -> dict:
-        """Planner statistics, the online cost refresh and the engine totals of a decode step."""
+        """The engine totals of a decode step and what the planner learns from it."""
         c, plan = self.runner.columns, flight.plan
         live = self.scheduler.last_live  # [N] slots whose tokens were applied
         accepted = readback[live, c.accepted]
@@ -445,70 +446,26 @@ class Engine:
         t.drafted += int(readback[live, c.offered].sum())
         t.verified += int(verified.sum())
         t.accepted += int(accepted.sum())
-        if self.planner is not None:
-            step_ms = None
-            if self.config.refresh_costs and not flight.prefill_rows:
-                # A step with prompt chunks times them too: not a decode bucket's cost.
-                step_ms = device_interval_ms(
-                    previous_ready=self._last_ready, previous_waited=self._last_waited,
-                    busy_at_enqueue=flight.busy_at_enqueue, waited=waited, ready=ready)
-            self._last_ready, self._last_waited = ready, waited
-            # Between two read-backs the device ran the previous step's drafting and this
-            # step's verify: the interval prices those two.
-            drafted, self._last_plan = self._last_plan, plan
-            if self.policy is Policy.DSPARK:
-                self._last_conf = np.asarray(flight.confidence)
-            if len(accepted):
-                started = time.perf_counter()
-                seen = plan
-                if len(accepted) != plan.num_requests:
-                    # A request ended on the device before this step (the host had not read
-                    # it yet): inactive, it took no row, so the others are this step.
-                    seen = dataclasses.replace(plan, num_requests=len(accepted))
-                held, uncensored = c.proposal_outcomes(
-                    readback[live], plan.verified_depth, given=flight.with_proposal[live],
-                    room=self.scheduler.remaining[live] + readback[live, c.emitted] - 1,
-                    short_proposals=self.drafter is not None and self.drafter.short_proposals)
-                self.planner.observe(StepObservation(
-                    plan=seen, accept_lens=np.minimum(accepted, plan.verified_depth) + 1,
-                    verify_lens=verified + 1, had_proposal=held, uncensored=uncensored,
-                    sampling_classes=self.scheduler.acceptance_class[live],
-                    context_len=flight.context_len, step_ms=step_ms,
-                    draft_plan=drafted if step_ms is not None else None))
-                self._plan_ms += 1e3 * (time.perf_counter() - started)
+        if self._feedback is not None:
+            self._plan_ms += self._feedback.learn(
+                flight, readback, columns=c, live=live, remaining=self.scheduler.remaining,
+                classes=self.scheduler.acceptance_class, waited=waited, ready=ready)
         return dict(num_requests=len(accepted), verify_rows=plan.verify_rows,
                     used_rows=int((verified + 1).sum()), draft_depth=plan.draft_depth,
                     accepted=int(accepted.sum()), emitted=int(readback[live, c.emitted].sum()))
 
     def _observe(self, event: StepEvent, host_ms: float, drafted: bool, sample: bool) -> None:
-        """Records a read-back step; its host time and the loop's period feed the planner only
-        when the step() call that read it did a decode step's work alone (`sample`) and the
-        step read back carried no prefill either."""
+        """Records a read-back step, hands it to the planner's feedback (`sample`: the step()
+        call that read it did a decode step's work alone) and to the step observers."""
         event = dataclasses.replace(event, record=dataclasses.replace(
             event.record, host_ms=host_ms, plan_ms=self._plan_ms))
         self._plan_ms = 0.0
         self.stats.record(event.record)
-        record = event.record
-        if (self.planner is not None and self.config.refresh_costs and record.num_requests
-                and not record.prefill_rows and sample):
-            self.planner.observe_host(num_requests=record.num_requests, host_ms=host_ms,
-                                      drafted=drafted)
-            self._observe_period(event)
-        else:
-            self._last_read = None
-        if event.record.verify_rows and self.stats.decode_steps % 1024 == 0:
-            self._save_refreshed_costs()
+        if self._feedback is not None:
+            self._feedback.record(event, host_ms=host_ms, drafted=drafted, sample=sample,
+                                  decode_steps=self.stats.decode_steps)
         for observer in self._observers:
             observer(event)
-
-    def _observe_period(self, event: StepEvent) -> None:
-        """The wall time since the previous read-back, when both were decode-only steps: the
-        drafting of the proposal this step verified, then its verify - what the step really
-        cost the loop, for the planner's whole-step calibration (planner/calibration.py)."""
-        now, last = time.perf_counter(), self._last_read
-        if last is not None and last[1] == event.record.index - 1:
-            self.planner.observe_period(plan=event.plan, period_ms=1e3 * (now - last[0]))
-        self._last_read = (now, event.record.index)
 
     def _output(self, request: Request) -> RequestOutput:
         if request.finish_reason is not None:
@@ -516,13 +473,6 @@ class Engine:
         # Speculative counters: final once finished, until then read from the scheduler.
         metrics = None if self.planner is None else request.spec or self.scheduler
         return request.report(metrics)
-
-    def _save_refreshed_costs(self) -> None:
-        """Keeps the stored tables current with the online refresh (an occasional write)."""
-        if self.planner is not None and self.config.refresh_costs and self._cost_store:
-            self._cost_store.save(dataclasses.replace(
-                self.cost_profile, target=self.planner.target_costs,
-                draft=self.planner.draft_costs, depth=self.planner.depth_costs))
 
     # --- requests ---------------------------------------------------------------------------
 
