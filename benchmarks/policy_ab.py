@@ -13,7 +13,8 @@ A variant is [label=]policy[,option=value...]; option values parse as Python lit
 false and none also work). `force_depth=D` makes the dynamic planner draft D after every step
 and turns its probes off (what the free choice costs against a fixed depth in the same engine).
 
-Per variant it prints throughput (mean, per repeat, against the first variant), the host and
+Per variant it prints throughput (mean, per repeat, against the first variant, and the range of
+its ratio to the first variant repeat by repeat: the two ran minutes apart at most), the host and
 planner ms per decode step, the draft depths chosen, and where the wall time went by kind of
 step - `prefill` (the step also ran a prompt chunk), `full` (decode only, at least 3/4 of the
 concurrency decoding), `tail` (decode only, fewer) - with tokens per ms in each, and the share
@@ -216,13 +217,16 @@ def main(argv: list[str] | None = None) -> int:
             tok_s.append(sum(len(o.token_ids) for o in out) / (time.perf_counter() - start))
             outputs[label] = [o.token_ids for o in out]
     reference = np.mean(runs[labels[0]][2])
+    first = np.asarray(runs[labels[0]][2])  # [R] the reference's tok/s per repeat
     print(f"{args.workload}, c={c}, {len(prompts)} prompts, max_tokens {args.max_tokens}, "
           f"{args.repeats} interleaved repeats (tok/s mean, per repeat, x {labels[0]}):")
     for label in labels:
         _, repeats, tok_s = runs[label]
         s = summarize(repeats, c)
         print(f"{label:>12s} {np.mean(tok_s):8.1f} [{' '.join(f'{x:.0f}' for x in tok_s)}] "
-              f"x{np.mean(tok_s) / reference:.3f}  host ms/step {s['host_ms']:.2f} (planner "
+              f"x{np.mean(tok_s) / reference:.3f} (per repeat "
+              f"{np.min(tok_s / first):.3f}-{np.max(tok_s / first):.3f})  "
+              f"host ms/step {s['host_ms']:.2f} (planner "
               f"{s['plan_ms']:.2f})  depths {s['depths']}  trimmed {s['trimmed']:.0%}")
         print(" " * 13 + "  ".join(f"{k}: {n} steps {ms:.0f} ms {t} tok ({t / ms:.2f}/ms)"
                                    for k, (n, ms, t) in sorted(s["kinds"].items()) if ms > 0))
