@@ -425,16 +425,13 @@ def run_instrumented(engine, prompts, params) -> tuple[Recorder, dict]:
 
 
 def run(args) -> int:
-    from lightspec_jax import SamplingParams
-    from lightspec_jax.bench.workloads import load_workload
+    from lightspec_jax.bench.workloads import load_workload, workload_requests
     from lightspec_jax.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
     items = load_workload(args.workload, tokenizer, args.num_prompts, seed=args.seed,
                           max_prompt_len=args.max_prompt_len)
-    prompts = [it.prompt_token_ids for it in items]
-    params = [SamplingParams(max_tokens=min(args.max_tokens, max(it.output_len, 1)),
-                             temperature=0.0, seed=i) for i, it in enumerate(items)]
+    prompts, params = workload_requests(items, max_tokens=args.max_tokens)
     max_len = max(len(p) for p in prompts) + args.max_tokens + 1
     options = json.loads(args.planner_options) if args.planner_options else None
     for c in args.concurrency:

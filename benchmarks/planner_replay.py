@@ -39,17 +39,14 @@ def record(args) -> None:
     import types
 
     import lightspec_jax.engine.engine as engine_module
-    from lightspec_jax import SamplingParams
     from lightspec_jax.bench.serve import build_engine
-    from lightspec_jax.bench.workloads import load_workload
+    from lightspec_jax.bench.workloads import load_workload, workload_requests
     from lightspec_jax.tokenizer import Tokenizer
 
     pair = args.pair.rstrip("/")
     tok = Tokenizer.from_file(f"{pair}/target/tokenizer.json")
     items = load_workload(args.workload, tok, args.num_prompts, seed=0, max_prompt_len=256)
-    prompts = [i.prompt_token_ids for i in items]
-    params = [SamplingParams(max_tokens=min(args.max_tokens, max(i.output_len, 1)), seed=k)
-              for k, i in enumerate(items)]
+    prompts, params = workload_requests(items, max_tokens=args.max_tokens)
     longest = max(map(len, prompts))
     built = {}
     make = engine_module.make_planner

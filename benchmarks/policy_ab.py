@@ -49,7 +49,7 @@ class Variant:
 
 def parse_variant(text: str) -> Variant:
     """'[label=]policy[:K][,option=value...]' -> Variant."""
-    from lightspec_jax.bench.policies import parse_policy, policy_name
+    from lightspec_jax.bench.policies import parse_policy
 
     head, *rest = text.split(",")
     label, eq, policy = head.partition("=")
@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a pair's folder holding target/ and drafter/ (default: the "
                         "shipped tiny pair)")
     args = parser.parse_args(argv)
-    from lightspec_jax import SamplingParams
-    from lightspec_jax.bench.workloads import load_workload
+    from lightspec_jax.bench.workloads import load_workload, workload_requests
     from lightspec_jax.tokenizer import Tokenizer
 
     from lightspec_jax.assets import tiny_pair
@@ -191,9 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
     items = load_workload(args.workload, tok, args.num_prompts or max(24, 4 * c), seed=0,
                           max_prompt_len=256)
-    prompts = [i.prompt_token_ids for i in items]
-    params = [SamplingParams(max_tokens=min(args.max_tokens, max(i.output_len, 1)), seed=k)
-              for k, i in enumerate(items)]
+    prompts, params = workload_requests(items, max_tokens=args.max_tokens)
     longest = max(map(len, prompts))
     runs = {}
     for v in args.variants:

@@ -88,10 +88,9 @@ def prefill_buckets(concurrency: int, longest_prompt: int) -> tuple[int, ...]:
 
 
 def serve(args) -> dict:
-    from lightspec_jax import SamplingParams
     from lightspec_jax.tokenizer import Tokenizer
 
-    from .workloads import load_workload
+    from .workloads import load_workload, workload_requests
 
     tokenizer = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
     # args.policies are resolved names ("static:3", "dynamic:7"); depth 0 = plain decoding.
@@ -113,12 +112,9 @@ def serve(args) -> dict:
         n = args.num_prompts or auto_num_prompts(c)
         items = load_workload(args.workload, tokenizer, n, seed=args.seed,
                               max_prompt_len=args.max_prompt_len)
-        prompts = [it.prompt_token_ids for it in items]
-        # Each request stops where its workload's reference answer ends (or at EOS), at most
-        # --max-tokens: output lengths follow the workload, as in `vllm bench serve`.
-        params = [SamplingParams(max_tokens=min(args.max_tokens, max(it.output_len, 1)),
-                                 temperature=args.temperature, seed=i, ignore_eos=args.ignore_eos)
-                  for i, it in enumerate(items)]
+        prompts, params = workload_requests(items, max_tokens=args.max_tokens,
+                                            temperature=args.temperature,
+                                            ignore_eos=args.ignore_eos)
         engines = {}
         # One group of engines alive at a time (engine_groups), each served side by side with
         # plain decoding, kept across groups (its row spans all of its runs): on a CPU each

@@ -61,6 +61,20 @@ def load_workload(name: str, tokenizer, num_prompts: int, seed: int = 0, *,
     return _math(tokenizer, num_prompts, seed, keep)
 
 
+def workload_requests(items: Sequence[WorkloadItem], *, max_tokens: int, **sampling
+                      ) -> tuple[list[list[int]], list]:
+    """(prompt token ids, SamplingParams) per item, for serving a workload: each request stops
+    where its reference answer ends (or at EOS), at most `max_tokens` - output lengths follow
+    the workload, as in `vllm bench serve` - and request i draws with seed i. `sampling`: any
+    other SamplingParams field (temperature, ignore_eos)."""
+    from lightspec_jax import SamplingParams
+
+    prompts = [it.prompt_token_ids for it in items]
+    params = [SamplingParams(max_tokens=min(max_tokens, max(it.output_len, 1)), seed=i,
+                             **sampling) for i, it in enumerate(items)]
+    return prompts, params
+
+
 # --- ShareGPT ------------------------------------------------------------------------------
 
 def sharegpt_conversations(path: str | None = None) -> list[list[tuple[str, str]]]:
