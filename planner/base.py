@@ -318,12 +318,18 @@ def _learnable(obs: StepObservation, accept: np.ndarray) -> Sample | None:
                   full_width=None if plan.full_rows == 0 else plan.fill_rows >= plan.full_rows)
 
 
-def full_rows(n: int, depth: int, room: np.ndarray | None) -> int:
+def full_rows(n: int, depth, room: np.ndarray | None):
     """Rows of a full-width verify of a depth-`depth` proposal: N target rows and each
-    request's drafts up to its room ([N] drafts it can still use; None: no end in sight)."""
+    request's drafts up to its room ([N] drafts it can still use; None: no end in sight).
+    `depth` an int -> an int; [D] depths -> [D] rows (stage 2 asks for every depth at once)."""
+    if np.ndim(depth) == 0:
+        if room is None:
+            return n * (depth + 1)
+        return n + int(np.minimum(room, depth).sum())
+    depths = np.asarray(depth)  # [D]
     if room is None:
-        return n * (depth + 1)
-    return n + int(np.minimum(room, depth).sum())
+        return n * (depths + 1)
+    return n + np.minimum(room[None, :], depths[:, None]).sum(axis=1)
 
 
 def _as_count(name: str, value) -> int:

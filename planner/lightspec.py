@@ -267,9 +267,7 @@ class LightSpecPlanner(BasePlanner):
         of candidates u up to the full width of the next proposal (_grid)."""
         depths = self._choices  # [D]
         room = self._next_room()
-        full = n + (n * depths if room is None
-                    else np.minimum(room[None, :], depths[:, None]).sum(axis=1))  # [D]
-        full = np.minimum(full, self.spec.max_requests)  # [D] full_rows() of each depth
+        full = np.minimum(full_rows(n, depths, room), self.spec.max_requests)  # [D]
         g = self._stage2 = self._grid(costs, n, depths, full, room)
         tokens = np.clip(g.u * g.progress, n, full[:, None])
         j = np.where(g.valid, g.step_ms * g.scales / tokens, np.inf)
