@@ -72,6 +72,7 @@ class BasePlanner:
         self._depth = 0  # depth of the proposal the next step verifies (0: none yet)
         self._context: float | None = None  # last batch context seen
         self._full_rows = 0  # this step's rows at full width (StepPlan.full_rows)
+        self.linear_depth = False  # price the draft stage on a line in depth (StepCosts.price)
 
     @property
     def has_costs(self) -> bool:
@@ -209,7 +210,8 @@ class BasePlanner:
         costs = StepCosts.price(self.spec, self.target_costs, self.draft_costs,
                                 num_requests=n, context_len=context,
                                 depth_costs=self.depth_costs, host_costs=self.host_costs,
-                                host_draft_costs=self.host_draft_costs, exposed=exposed)
+                                host_draft_costs=self.host_draft_costs, exposed=exposed,
+                                linear_depth=self.linear_depth)
         self._priced = (key, costs, context, self.steps)
         return costs
 

@@ -21,7 +21,12 @@ are kept per sampling class and follow the batch's acceptance level (stats.py, s
 level.py); host time is priced apart for drafting steps; and both stages choose at calibrated
 prices: the model's step ms times what the loop's measured periods say that (bucket, depth)
 cell and its regime really cost (calibration.py), with an occasional visit to a close,
-unmeasured rival depth so that the calibration can compare it (`_rival`).
+unmeasured rival depth so that the calibration can compare it (`_rival`). Stage 2 also scales
+each depth's predicted drafts by what verified proposals of that depth accepted against their
+prediction (calibration.TokenCalibration: the winner's curse of choosing deep on high
+estimates), an autoregressive drafter's stage is priced on its line in depth rather than by
+noisy single cells (objective._depth_line), and the survival learns from trimmed steps at the
+depths every request verified, from a weak prior (stats.py, survival.py).
 
 Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
 planner trims or drafts shallow, deeper positions are verified only for confident requests or
@@ -43,10 +48,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import BasePlanner, Sample, full_rows
+from .calibration import TokenCalibration
 from .costs import CostTable
 from .objective import StepCosts, first_best
 from .stats import ESTIMATORS, AcceptanceStats
-from .types import PlannerSpec, StepPlan
+from .types import PlannerSpec, StepObservation, StepPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +83,20 @@ class LightSpecOptions:
     # visit a rival depth priced within rival_window of the best so that it gets measured.
     calibrate: bool = True
     rival_window: float = 0.2
+    # Choose the next depth with each depth's predicted drafts scaled by what the steps that
+    # verified that depth really accepted against their prediction (calibration.TokenCalibration).
+    calibrate_tokens: bool = True
+    # The survival also learns from trimmed steps, at the depths every request had verified
+    # (AcceptanceStats.record), and each depth's first samples meet a prior curve
+    # survival_prior_accept^j of survival_prior_weight full-weight steps: one unlucky step
+    # of a lone request (c = 1) no longer prices every deeper row at 0, a price that trims
+    # them, and a trimmed row is never measured to be corrected.
+    survival_from_trimmed: bool = True
+    survival_prior_weight: float = 0.0625  # one request of sample_floor 16
+    survival_prior_accept: float = 0.9
+    # Price an autoregressive drafter's stage on the line through its measured depths
+    # (objective._depth_line), not depth by depth.
+    linear_depth: bool = True
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -126,7 +146,12 @@ class LightSpecPlanner(BasePlanner):
                                      full_width_from_survival=(
                                          self.options.full_width_from_survival),
                                      level_rho=self.options.level_rho,
-                                     level_variance=self.options.level_variance)
+                                     level_variance=self.options.level_variance,
+                                     survival_from_trimmed=self.options.survival_from_trimmed,
+                                     prior_weight=self.options.survival_prior_weight,
+                                     prior_accept=self.options.survival_prior_accept)
+        self.linear_depth = self.options.linear_depth
+        self.tokens = TokenCalibration()  # predicted vs accepted drafts by depth
         self._probe_depth = 0  # depth of the pending probe's proposal; 0: no probe pending
         self._last_probe_step = 0
         self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
@@ -199,8 +224,10 @@ class LightSpecPlanner(BasePlanner):
     def ms_per_token(self, *, num_requests: int, fill_rows: int, depth: int,
                      context_len: float | None = None) -> float:
         """J(N, u, d): estimated wall ms per committed token of verifying `fill_rows` rows of a
-        depth-`depth` proposal for N requests (its bucket's cost). For diagnostics and tests;
-        plan() evaluates the same quantity."""
+        depth-`depth` proposal for N requests (its bucket's cost), its drafts scaled by the
+        token calibration as stage 2 prices the next depth (stage 1, the fill of a proposal
+        already drafted, does without it). For diagnostics and tests; plan() evaluates the
+        same quantity, at calibrated step prices."""
         if not self.has_costs:
             raise ValueError("no cost estimates yet: give target_costs and draft_costs")
         context = self._context if context_len is None else context_len
@@ -208,10 +235,14 @@ class LightSpecPlanner(BasePlanner):
                                 num_requests=num_requests, context_len=context,
                                 depth_costs=self.depth_costs, host_costs=self.host_costs,
                                 host_draft_costs=self.host_draft_costs,
-                                exposed=self.host_overlap.exposed(num_requests))
+                                exposed=self.host_overlap.exposed(num_requests),
+                                linear_depth=self.linear_depth)
         bucket = np.array([self.spec.bucket_for(fill_rows)])
         progress = self.stats.progress(num_requests, fill_rows, depth, now=self.steps)
         tokens = min(max(fill_rows * progress, num_requests), num_requests * (depth + 1))
+        if self.options.calibrate_tokens:  # as stage 2 prices a depth
+            tokens = num_requests + float(self.tokens.factors([depth])[0]) * (
+                tokens - num_requests)
         return float(costs.step_ms(bucket, depth)[0]) / tokens
 
     def _grid(self, costs: StepCosts, n: int, depths: np.ndarray, full: np.ndarray,
@@ -269,7 +300,9 @@ class LightSpecPlanner(BasePlanner):
         room = self._next_room()
         full = np.minimum(full_rows(n, depths, room), self.spec.max_requests)  # [D]
         g = self._stage2 = self._grid(costs, n, depths, full, room)
-        tokens = np.clip(g.u * g.progress, n, full[:, None])
+        tokens = np.clip(g.u * g.progress, n, full[:, None])  # [D, C]
+        if self.options.calibrate_tokens:  # the bonus tokens are certain; the drafts are not
+            tokens = n + self.tokens.factors(depths)[:, None] * (tokens - n)
         j = np.where(g.valid, g.step_ms * g.scales / tokens, np.inf)
         best_by_depth = j.min(axis=1).tolist()  # [D]
         best_depth, best_j = int(depths[0]), math.inf
@@ -342,6 +375,15 @@ class LightSpecPlanner(BasePlanner):
         return grid[np.asarray(depths)[:, None], np.searchsorted(every, buckets)[None, :]]
 
     # ---- statistics ------------------------------------------------------------------------
+
+    def observe(self, obs: StepObservation) -> None:
+        super().observe(obs)
+        plan = obs.plan
+        if plan.num_requests and plan.verified_depth > 0 and math.isfinite(plan.predicted_tokens):
+            n = plan.num_requests
+            self.tokens.observe(depth=plan.verified_depth,
+                                predicted_drafts=plan.predicted_tokens - n,
+                                accepted_drafts=float(np.sum(obs.accept_lens)) - n)
 
     def _record(self, sample: Sample) -> None:
         self.stats.record(num_requests=sample.num_requests, fill_rows=sample.fill_rows,

@@ -6,9 +6,10 @@ is expected to commit u * p tokens. Following LightLLM's final planner (lightspe
 
 * an EMA of p keyed by the executed (N, u, d): ONE sample per step, sum(accept_lens) / u —
   per-request samples would make adaptation speed depend on concurrency;
-* a per-depth prefix survival s[j] = P(accept_len > j), updated only from full-width steps
+* a per-depth prefix survival s[j] = P(accept_len > j), updated from full-width steps
   (u = N(d+1)): a trimmed step verifies deep positions only for confident requests and would
-  bias s[j] upward for those and leave others unseen;
+  bias s[j] upward for those and leave others unseen (ours: a trimmed step still updates the
+  depths every one of its requests had verified, survival_from_trimmed);
 * for an unseen key, the survival fill: the device fills depth 1 for every request, then depth
   2, ...; each row at depth j commits s[j] tokens (LightLLM counts an unmeasured depth as
   1.0, which makes unexplored depths look attractive once; we extrapolate: survival.py).
@@ -61,7 +62,8 @@ class AcceptanceStats:
                  estimator: str = "survival", blend_samples: int = 10,
                  half_life: float | None = None, sample_floor: int = 1,
                  full_width_from_survival: bool = False, level_rho: float = 0.95,
-                 level_variance: float = 0.0) -> None:
+                 level_variance: float = 0.0, survival_from_trimmed: bool = False,
+                 prior_weight: float = 0.0, prior_accept: float = 0.9) -> None:
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
         for name, value in (("progress_decay", progress_decay), ("survival_decay", survival_decay),
@@ -89,7 +91,9 @@ class AcceptanceStats:
         self._by_nd: dict[tuple[int, int], dict[int, list]] = {}
         self.curves = SurvivalCurves(max_depth=self.max_depth, decay=survival_decay,
                                      sample_floor=sample_floor, level_rho=level_rho,
-                                     level_variance=level_variance)
+                                     level_variance=level_variance,
+                                     prior_weight=prior_weight, prior_accept=prior_accept)
+        self.survival_from_trimmed = survival_from_trimmed
         self._batch_key = 0  # the planned batch's class, -1 if mixed (set_batch)
         self.batch_version = 0  # bumped whenever set_batch changes the class mix
         self._batch_mix: tuple[np.ndarray, np.ndarray] | None = None  # (classes, shares)
@@ -138,6 +142,13 @@ class AcceptanceStats:
                                None if classes is None else np.asarray(classes)[whole])
             if verify_lens is None:
                 verify_lens = np.full(accept.shape, depth + 1)
+        elif self.survival_from_trimmed and uncensored is None and verify_lens is not None:
+            # A trimmed step verified every request's first v drafts at least: those depths
+            # were seen for all of them, whatever their confidences, and say as much as a
+            # full-width step of depth v. (Deeper rows went to the confident requests only.)
+            common = min(int(np.min(verify_lens)) - 1, int(depth))
+            if common >= 1:
+                self.curves.record(accept, common, classes)
         if verify_lens is not None and self.estimator == "interpolate":
             self._record_ratios(accept, np.asarray(verify_lens), share)  # only it reads them
 

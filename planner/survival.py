@@ -25,6 +25,12 @@ Additions of ours:
   uses its classes' curves weighted by their share of its requests (the pooled curve for a
   class not yet measured; use_mix()). While every sample so far came from one class, that
   class's curve is the pooled one, kept once;
+* a prior for small samples: a depth's first samples are averaged with prior_accept^j
+  weighing prior_weight full-weight steps (LightSpecOptions: one request's worth). Without it
+  the first full-width steps of a lone request set the curve outright: on the tiny pair
+  (HumanEval, c=1) two that accepted 1 and 0 of 3 drafts priced every draft past the first at
+  0, the fill trimmed those rows, and a trimmed row is never measured again - the planner
+  verified 2 rows per step for good where 4 paid (benchmarks/policy_ab.py, forced depth 3);
 * the batch's level (level.py): the pooled curves average many requests over hundreds of
   steps; at low concurrency the batch is a few requests whose acceptance sits above or below
   that average and drifts. A filtered logit offset, fed by the same full-width steps, moves
@@ -45,10 +51,18 @@ class SurvivalCurves:
     """Survival EMAs for depths 1..max_depth, pooled and per sampling class, and their fill."""
 
     def __init__(self, *, max_depth: int, decay: float, sample_floor: int,
-                 level_rho: float = 0.95, level_variance: float = 0.0) -> None:
+                 level_rho: float = 0.95, level_variance: float = 0.0,
+                 prior_weight: float = 0.0, prior_accept: float = 0.9) -> None:
+        if prior_weight < 0 or not 0.0 < prior_accept <= 1.0:
+            raise ValueError(f"prior_weight must be >= 0 and prior_accept in (0, 1], got "
+                             f"{prior_weight}, {prior_accept}")
         self.max_depth = int(max_depth)
         self.decay = decay
         self.sample_floor = sample_floor
+        # A depth's first sample is averaged with prior_accept^j of this weight (in full-weight
+        # steps, sample_floor requests each); 0: the first sample stands alone.
+        self.prior_weight = float(prior_weight)
+        self.prior = prior_accept ** np.arange(self.max_depth + 1, dtype=np.float64)  # [K+1]
         # index j (1..K) used; NaN = never measured. pooled[j] = P(accept_len > j)
         self.pooled = np.full(self.max_depth + 1, np.nan)
         self.weights = np.zeros(self.max_depth + 1)  # sample weight seen per depth
@@ -114,7 +128,12 @@ class SurvivalCurves:
         if accept.size:
             j = np.arange(1, depth + 1)
             survived = (accept[None, :] > j[:, None]).mean(axis=1)  # [d]
-            ema_update(values, weights, slice(1, depth + 1), survived,
+            where = slice(1, depth + 1)
+            if self.prior_weight > 0:  # a depth's first sample meets the prior
+                fresh = np.isnan(values[where])
+                values[where] = np.where(fresh, self.prior[where], values[where])
+                weights[where] = np.where(fresh, self.prior_weight, weights[where])
+            ema_update(values, weights, where, survived,
                        min(1.0, accept.size / self.sample_floor), self.decay)
 
     # ---- queries ---------------------------------------------------------------------------

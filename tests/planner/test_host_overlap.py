@@ -64,7 +64,7 @@ def _serve(*, prior_overlap: bool, hidden: bool = True, steps: int = 300) -> lis
                      draft_costs=CostTable({b: 0.01 for b in BUCKETS}),
                      depth_costs=CostTable(stage), overlap=prior_overlap,
                      explore_fraction=0.0, calibrate=False, refresh_costs=True,
-                     replan_every=1)
+                     replan_every=1, survival_prior_accept=0.75)
     rng = np.random.default_rng(0)
     p.plan(num_requests=1)
     depths = []

@@ -16,6 +16,9 @@ def spec(k=3, buckets=STRIDE_1, kind="autoregressive"):
 
 
 def planner(s, target=None, draft=None, **options):
+    """The scenarios of §13 check its arithmetic, which has no small-sample prior on the
+    survival (test_small_samples.py has it)."""
+    options.setdefault("survival_prior_weight", 0.0)
     return make_planner("dynamic", s, target_costs=None if target is None else CostTable(target),
                         draft_costs=None if draft is None else CostTable(draft), **options)
 

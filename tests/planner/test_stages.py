@@ -31,12 +31,14 @@ def test_stage_two_searches_every_depth_like_the_per_depth_loop():
                       if plan.verified_depth else np.ones(n, int))
             observe(p, plan, accept)
             costs = StepCosts.price(s, p.target_costs, p.draft_costs, num_requests=n,
-                                    context_len=None, depth_costs=p.depth_costs)
+                                    context_len=None, depth_costs=p.depth_costs,
+                                    linear_depth=p.linear_depth)
             best = []
             for depth in s.draft_depths:
                 u, b = candidate_rows(s, n, min(n * (depth + 1), s.max_requests))
                 tokens = np.clip(u * p.stats.progress_many(n, u, depth, now=p.steps), n,
                                  n * (depth + 1))
+                tokens = n + p.tokens.factors([depth])[0] * (tokens - n)  # drafts calibrated
                 best.append(float(np.min(costs.step_ms(b, depth) / tokens)))
             want = next(d for d, j in zip(s.draft_depths, best)
                         if j == min(best)) if len(set(best)) == len(best) else None
