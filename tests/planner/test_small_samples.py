@@ -85,18 +85,23 @@ def test_a_lone_request_with_an_unlucky_start_gets_back_to_full_width():
     assert serve()[-20:].count(4) >= 18
 
 
-def test_token_calibration_is_the_ratio_of_accepted_to_predicted_drafts():
+def test_token_calibration_is_a_line_through_accepted_over_predicted_drafts():
     cal = TokenCalibration(decay=0.98, prior_drafts=8.0)
     assert cal.factors([0, 3, 7]).tolist() == [1.0, 1.0, 1.0]  # nothing measured
     for _ in range(200):
         cal.observe(depth=7, predicted_drafts=10.0, accepted_drafts=8.0)
         cal.observe(depth=2, predicted_drafts=4.0, accepted_drafts=4.0)
-    f = cal.factors([2, 7, 9])
-    assert f[0] == pytest.approx(1.0) and f[1] == pytest.approx(0.8, abs=0.01) and f[2] == 1.0
+    f = cal.factors([0, 2, 7, 9])
+    # through (2, 1.0) and (7, 0.8), continued to depth 9; the floor has no drafts
+    assert f[0] == 1.0 and f[1] == pytest.approx(1.0, abs=0.01)
+    assert f[2] == pytest.approx(0.8, abs=0.01) and f[3] == pytest.approx(0.72, abs=0.01)
+    # A depth rarely visited is priced from its neighbours more than from its own steps.
+    cal.observe(depth=5, predicted_drafts=10.0, accepted_drafts=2.0)
+    assert cal.factors([5])[0] > 0.8
     # A lone request's few drafts move it little: one step that accepted nothing of 3.
     one = TokenCalibration(prior_drafts=8.0)
     one.observe(depth=3, predicted_drafts=3.0, accepted_drafts=0.0)
-    assert one.factors([3])[0] == pytest.approx(8.0 / 11.0)
+    assert one.factors([1, 3, 7]) == pytest.approx([8.0 / 11.0] * 3)  # one depth: flat
     # Bounded, and bad samples are ignored.
     low = TokenCalibration(prior_drafts=1.0, bounds=(0.5, 1.5))
     for _ in range(50):
@@ -105,20 +110,20 @@ def test_token_calibration_is_the_ratio_of_accepted_to_predicted_drafts():
         low.observe(depth=2, predicted_drafts=bad, accepted_drafts=1.0)
         low.observe(depth=2, predicted_drafts=1.0, accepted_drafts=bad)
     low.observe(depth=0, predicted_drafts=1.0, accepted_drafts=5.0)
-    assert low.factors([0, 1, 2]).tolist() == [1.0, 0.5, 1.0]
+    assert low.factors([0, 1, 2]).tolist() == [1.0, 0.5, 0.5]
 
 
 def test_deep_proposals_that_accept_less_than_predicted_give_way_to_shallower_ones():
-    """The planner chooses depth from its model; if the steps verifying deep proposals keep
-    accepting fewer drafts than it predicted, and shallow ones as many, it drafts shallower
-    (and does not with calibrate_tokens off)."""
+    """The planner chooses depth from its model; if the steps verifying its proposals accept
+    fewer drafts than it predicted, the more so the deeper (as on the tiny pair at c = 1), it
+    drafts shallower (and does not with calibrate_tokens off)."""
     s = PlannerSpec(verify_buckets=tuple(range(1, 9)), draft_depths=(1, 2, 3, 4, 5, 6, 7),
                     max_depth=7)
     costs = dict(target_costs=CostTable({b: 3.0 + 0.3 * b for b in range(1, 9)}),
                  draft_costs=CostTable({b: 0.1 for b in range(1, 9)}),
                  depth_costs=CostTable({d: 0.3 * d for d in range(1, 8)}))
 
-    def depth_after(short: float, **options):
+    def depth_after(shortfall: float, **options):
         p = make_planner("dynamic", s, **costs, explore_fraction=0.0, replan_every=1,
                          **options)
         rng = np.random.default_rng(1)
@@ -126,16 +131,17 @@ def test_deep_proposals_that_accept_less_than_predicted_give_way_to_shallower_on
         for _ in range(120):
             plan = p.plan(num_requests=1)
             p.observe(_outcome(plan, rng, 0.9))
-            if plan.verified_depth >= 4:  # what the device would have told on top
-                p.tokens.observe(depth=plan.verified_depth,
-                                 predicted_drafts=plan.predicted_tokens - 1,
-                                 accepted_drafts=short * (plan.predicted_tokens - 1))
+            d = plan.verified_depth
+            if d >= 1:  # what the device would have told on top: short by shortfall per depth
+                p.tokens.observe(depth=d, predicted_drafts=plan.predicted_tokens - 1,
+                                 accepted_drafts=(1.0 - shortfall * (d - 1))
+                                 * (plan.predicted_tokens - 1))
         return p.plan(num_requests=1).draft_depth
 
-    deep = depth_after(1.0)
+    deep = depth_after(0.0)
     assert deep >= 4
-    assert depth_after(0.6) < deep
-    assert depth_after(0.6, calibrate_tokens=False) == depth_after(1.0, calibrate_tokens=False)
+    assert depth_after(0.08) < deep
+    assert depth_after(0.08, calibrate_tokens=False) == depth_after(0.0, calibrate_tokens=False)
 
 
 def test_an_autoregressive_stage_is_priced_on_its_line():
