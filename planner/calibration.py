@@ -20,8 +20,9 @@ modelled cost: the cell's ratio blended with its regime's, and the regime's with
 over every step, each by its sample count, so a few noisy periods move little and an
 unmeasured cell or regime takes the common bias (which moves no decision) rather than none:
 on this CPU every measured step ran under the model, and pricing the unmeasured floor at
-the model's own figure made it look dearer than the drafting it was never compared with. A bias common to every
-step moves no decision; what moves decisions is how the regimes, buckets and depths differ.
+the model's own figure made it look dearer than the drafting it was never compared with. A
+bias common to every step moves no decision; what moves decisions is how the regimes,
+buckets and depths differ.
 Old evidence fades toward zero with a half-life in steps, so a cell the planner stopped
 visiting is trusted again after a while rather than avoided forever. A planner that sits in
 one cell learns nothing about its rivals, so the planner visits a close rival whose cell is
@@ -220,6 +221,7 @@ class TokenCalibration:
         self.lo, self.hi = bounds
         self._sums = np.zeros((0, 2))  # [K+1, 2] decayed (accepted, predicted) drafts by depth
         self.version = 0  # bumped per sample
+        self._line: tuple | None = None  # (version, _fit()) of the last factors() call
 
     def observe(self, *, depth: int, predicted_drafts: float, accepted_drafts: float) -> None:
         """One verified depth-`depth` proposal: the drafts the plan predicted it would accept
@@ -239,15 +241,25 @@ class TokenCalibration:
         states that made it worth a visit - is priced from its neighbours as much as from its
         own few steps; 1 everywhere before any measurement."""
         depths = np.asarray(depths, np.int64)  # [D]
-        measured = np.flatnonzero(self._sums[:, 1] > 0) if len(self._sums) else []
-        if len(measured) == 0:
+        if self._line is None or self._line[0] != self.version:
+            self._line = (self.version, self._fit())
+        line = self._line[1]
+        if line is None:
             return np.ones(depths.shape)
-        accepted, predicted = self._sums[measured].T
-        w = predicted + self.prior_drafts
-        ratio = (accepted + self.prior_drafts) / w  # [M]
-        d = measured.astype(np.float64)
-        mean_d, mean_r = np.average(d, weights=w), np.average(ratio, weights=w)
-        spread = float(np.sum(w * (d - mean_d) ** 2))
-        slope = float(np.sum(w * (d - mean_d) * (ratio - mean_r))) / spread if spread else 0.0
-        line = mean_r + slope * (depths - mean_d)
-        return np.where(depths > 0, np.clip(line, self.lo, self.hi), 1.0)
+        mean_d, mean_r, slope = line
+        return np.where(depths > 0, np.clip(mean_r + slope * (depths - mean_d), self.lo,
+                                            self.hi), 1.0)
+
+    def _fit(self) -> tuple[float, float, float] | None:
+        """(mean depth, mean ratio, slope) of the weighted line, None before a measurement.
+        A handful of depths: plain floats cost the host less than array calls."""
+        pts = [(d, (a + self.prior_drafts) / (p + self.prior_drafts), p + self.prior_drafts)
+               for d, (a, p) in enumerate(self._sums.tolist()) if p > 0]  # (d, ratio, w)
+        if not pts:
+            return None
+        total = sum(w for _, _, w in pts)
+        mean_d = sum(w * d for d, _, w in pts) / total
+        mean_r = sum(w * r for _, r, w in pts) / total
+        spread = sum(w * (d - mean_d) ** 2 for d, _, w in pts)
+        slope = sum(w * (d - mean_d) * (r - mean_r) for d, r, w in pts) / spread if spread else 0.0
+        return mean_d, mean_r, slope

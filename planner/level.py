@@ -79,12 +79,10 @@ class LevelShift:
         self.var = self.rho ** 2 * self.var + (1.0 - self.rho ** 2) * stationary
         base = self._base_logits(survival)[1:depth + 1]  # [d] logit a[j], j = 1..d
         p = _sigmoid(base + self.delta)  # [d]
-        j = np.arange(1, depth + 1)  # [d]
-        accepted = accept[:, None] - 1.0  # [N, 1] drafts accepted
-        seen = j[None, :] <= accepted + 1.0  # [N, d] positions up to the first rejection
-        y = (j[None, :] <= accepted) & seen  # [N, d]
-        info = float((seen * (p * (1.0 - p))[None, :]).sum())
-        grad = float((seen * (y - p[None, :])).sum())
+        # [d] outcomes at each position up to the first rejection: seen, and of them accepted
+        seen, accepted = outcomes(accept, depth)
+        info = float(seen @ (p * (1.0 - p)))
+        grad = float(accepted.sum() - seen @ p)
         self.var = 1.0 / (1.0 / max(self.var, 1e-12) + info)
         self.delta += self.var * grad
 
@@ -102,14 +100,29 @@ class LevelShift:
         return out
 
 
+def outcomes(accept: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """(reached [d], passed [d]): of the requests' accept lengths (bonus included) of a
+    depth-d proposal, how many reached draft position j (accept >= j: verified up to it, the
+    rejected one included) and how many passed it (accept > j: it was accepted), j = 1..d.
+    A sort and two searches, not [N, d] comparisons: the survival and the level read them
+    every step, on the host."""
+    a = np.sort(accept)
+    j = np.arange(1, depth + 1)
+    return (a.size - np.searchsorted(a, j, side="left"),
+            a.size - np.searchsorted(a, j, side="right"))
+
+
 def _logits(survival: np.ndarray) -> np.ndarray:
     """logit of the conditional acceptance a[j] = s[j] / s[j-1] (s[0] = 1), [K+1]."""
     s = np.asarray(survival, dtype=np.float64)
-    prev = np.concatenate([[1.0], s[1:-1]])  # [K] s[j-1], j = 1..K
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(prev > 0, s[1:] / prev, _A_MIN)
-    a = np.clip(np.nan_to_num(a, nan=_A_MIN), _A_MIN, _A_MAX)
-    return np.concatenate([[0.0], np.log(a) - np.log1p(-a)])
+    prev = s[:-1].copy()  # [K] s[j-1], j = 1..K
+    prev[0] = 1.0
+    a = np.full(prev.shape, _A_MIN)
+    np.divide(s[1:], prev, out=a, where=prev > 0)
+    a = np.fmin(np.fmax(a, _A_MIN), _A_MAX)  # fmax drops a NaN (an unmeasured depth) for _A_MIN
+    out = np.zeros(s.shape)
+    out[1:] = np.log(a) - np.log1p(-a)
+    return out
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .level import LevelShift
+from .level import LevelShift, outcomes
 
 
 class SurvivalCurves:
@@ -126,8 +126,7 @@ class SurvivalCurves:
     def _record(self, values: np.ndarray, weights: np.ndarray, accept: np.ndarray,
                 depth: int) -> None:
         if accept.size:
-            j = np.arange(1, depth + 1)
-            survived = (accept[None, :] > j[:, None]).mean(axis=1)  # [d]
+            survived = outcomes(accept, depth)[1] / accept.size  # [d]
             where = slice(1, depth + 1)
             if self.prior_weight > 0:  # a depth's first sample meets the prior
                 fresh = np.isnan(values[where])
@@ -225,7 +224,7 @@ class SurvivalCurves:
         R[f] <= r (at most d) commit sum_j c[j] s[j], and the r - R[f] rows of level f+1 commit
         s[f+1] each. depth: an int, or an int array broadcasting against u."""
         k = self.max_depth
-        if room is None:
+        if room is None or (len(room) and np.min(room) >= k):  # no end within reach: all full
             counts = np.full(k + 1, n, dtype=np.int64)
         else:  # c[j] = #{i: room_i >= j}
             counts = np.bincount(np.minimum(np.asarray(room, dtype=np.int64), k),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from lightspec_jax.planner import AcceptanceStats
-from lightspec_jax.planner.level import LevelShift
+from lightspec_jax.planner.level import LevelShift, outcomes
 
 POOLED = np.array([0.0, 0.8, 0.6, 0.45, 0.3, 0.2])  # s[0] unused, K = 5
 
@@ -107,3 +107,16 @@ def test_key_emas_move_with_the_level():
     stats.level.delta = 1.5
     stats.curves._filled = None  # the shifted curve is cached until the level moves
     assert stats.progress(1, 3, 5, now=40) > baseline
+
+
+def test_outcomes_count_each_position_reached_and_passed():
+    """outcomes() is the [N, d] comparison it replaces: position j was reached (verified) by
+    the requests with accept >= j and passed (accepted) by those with accept > j."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        depth = int(rng.integers(1, 9))
+        accept = rng.integers(1, depth + 2, size=int(rng.integers(0, 40))).astype(np.float64)
+        j = np.arange(1, depth + 1)
+        reached, passed = outcomes(accept, depth)
+        np.testing.assert_array_equal(reached, (accept[:, None] >= j).sum(axis=0))
+        np.testing.assert_array_equal(passed, (accept[:, None] > j).sum(axis=0))
