@@ -14,6 +14,9 @@ exactly as before.
         --num-prompts 32 --out he-c1.pkl
     # microseconds per step by call, best of --repeats; exits 1 if any plan differs
     python benchmarks/planner_replay.py replay he-c1.pkl [more.pkl ...] --repeats 10
+    # the same, interleaved pass by pass with the planner of a git revision (this shared
+    # machine's speed drifts by 10-20% between runs; passes side by side share the drift)
+    python benchmarks/planner_replay.py replay he-c1.pkl --repeats 20 --against HEAD~3
 
 A recording holds the planner's construction (its spec, initial cost tables as JSON, options)
 and the calls' arguments, not the planner object, so one recording replays on any later
@@ -23,11 +26,18 @@ version of the planner.
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import dataclasses
+import importlib
 import math
+import os
 import pickle
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 
@@ -87,12 +97,46 @@ def record(args) -> None:
     print(f"recorded {len(calls)} planner calls ({steps} plans) to {args.out}")
 
 
-def _fresh_planner(built):
-    from lightspec_jax.planner import CostTable, make_planner
+def _fresh_planner(built, package=None):
+    """The recording's planner, built by `package` (a planner package; default today's)."""
+    if package is None:
+        import lightspec_jax.planner as package
 
-    kwargs = {k: (CostTable.from_json(v) if k in TABLES and v is not None else v)
+    kwargs = {k: (package.CostTable.from_json(v) if k in TABLES and v is not None else v)
               for k, v in built["kwargs"].items()}
-    return make_planner(built["kind"], built["spec"], **kwargs)
+    return package.make_planner(built["kind"], built["spec"], **kwargs)
+
+
+def planner_at(revision: str):
+    """The planner package (planner/*.py) as it was at a git revision, imported beside
+    today's under another name. Its types are today's (the recordings hold today's
+    PlannerSpec and StepObservation), so the revision's planner/types.py must equal today's."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+
+    names = git("ls-tree", "--name-only", revision, "planner/")
+    if names.returncode:
+        raise SystemExit(f"--against {revision}: {names.stderr.strip()}")
+    if git("diff", "--quiet", revision, "--", "planner/types.py").returncode:
+        raise SystemExit(f"--against {revision}: planner/types.py differs from today's, so "
+                         "the recorded calls cannot be handed to that planner")
+    name = "planner_at_" + re.sub(r"\W", "_", revision)
+    folder = tempfile.mkdtemp(prefix="planner-replay-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.makedirs(os.path.join(folder, name))
+    for path in names.stdout.split():
+        if path.endswith(".py"):
+            text = git("show", f"{revision}:{path}").stdout
+            if path == "planner/types.py":
+                text = ("import lightspec_jax.planner.types as _today\n\n"
+                        "globals().update({k: v for k, v in vars(_today).items()\n"
+                        "                  if not k.startswith('__')})\n")
+            with open(os.path.join(folder, name, os.path.basename(path)), "w") as f:
+                f.write(text)
+    sys.path.insert(0, folder)
+    return importlib.import_module(name)
 
 
 def _differs(a, b) -> str | None:
@@ -110,37 +154,57 @@ def _differs(a, b) -> str | None:
     return None
 
 
+def _run(planner, calls) -> tuple[dict[str, float], int, str]:
+    """One pass over the recorded calls: (seconds by call, plans that differ, the first)."""
+    spent: dict[str, float] = defaultdict(float)
+    mismatches, first, plans = 0, "", 0
+    for name, a, kw, result in calls:
+        method = getattr(planner, name)
+        start = time.perf_counter()
+        out = method(*a, **kw)
+        spent[name] += time.perf_counter() - start
+        if name == "plan":
+            plans += 1
+            why = _differs(out, result)
+            if why is not None:
+                mismatches += 1
+                first = first or f" (the first, plan {plans}: {why})"
+    return spent, mismatches, first
+
+
 def replay(args) -> int:
+    versions = {"today": None}
+    if args.against:
+        versions[args.against] = planner_at(args.against)
     differ = 0
     for path in args.recordings:
         with open(path, "rb") as f:
             recording = pickle.load(f)
         calls = recording["calls"]
         steps = sum(name == "plan" for name, *_ in calls)
-        best: dict[str, float] = defaultdict(lambda: math.inf)
+        best = {v: defaultdict(lambda: math.inf) for v in versions}
+        outcome = {}
         for repeat in range(args.repeats):
-            planner = _fresh_planner(recording["planner"])
-            spent: dict[str, float] = defaultdict(float)
-            mismatches, first, plans = 0, "", 0
-            for name, a, kw, result in calls:
-                method = getattr(planner, name)
-                start = time.perf_counter()
-                out = method(*a, **kw)
-                spent[name] += time.perf_counter() - start
-                if name == "plan":
-                    plans += 1
-                    why = _differs(out, result)
-                    if why is not None:
-                        mismatches += 1
-                        first = first or f" (the first, plan {plans}: {why})"
-            for name, seconds in spent.items():
-                best[name] = min(best[name], seconds)
-        differ += mismatches
-        parts = "  ".join(f"{name} {1e6 * best[name] / steps:.0f}" for name in CALLS
-                          if name in best)
-        total = sum(best.values())
-        print(f"{path}: {steps} plans; us per step, best of {args.repeats}: total "
-              f"{1e6 * total / steps:.0f} ({parts}); plans that differ: {mismatches}{first}")
+            order = list(versions)[::1 if repeat % 2 == 0 else -1]  # alternate who goes first
+            for version in order:
+                spent, mismatches, first = _run(
+                    _fresh_planner(recording["planner"], versions[version]), calls)
+                outcome[version] = (mismatches, first)
+                for name, seconds in spent.items():
+                    best[version][name] = min(best[version][name], seconds)
+        differ += outcome["today"][0]
+        totals = {}
+        for version in versions:
+            parts = "  ".join(f"{name} {1e6 * best[version][name] / steps:.0f}"
+                              for name in CALLS if name in best[version])
+            totals[version] = sum(best[version].values())
+            label = f"{path}: {steps} plans; " if version == "today" else f"  {version}: "
+            mismatches, first = outcome[version]
+            print(f"{label}us per step, best of {args.repeats}: total "
+                  f"{1e6 * totals[version] / steps:.0f} ({parts}); plans that differ: "
+                  f"{mismatches}{first}")
+        if args.against:
+            print(f"  today / {args.against}: {totals['today'] / totals[args.against]:.3f}")
     return 1 if differ else 0
 
 
@@ -160,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     rep = sub.add_parser("replay", help="time the planner on recorded calls")
     rep.add_argument("recordings", nargs="+")
     rep.add_argument("--repeats", type=int, default=10)
+    rep.add_argument("--against", default=None, metavar="REV",
+                     help="also replay the planner of this git revision, pass for pass "
+                     "interleaved with today's, and print the ratio of their times")
     args = parser.parse_args(argv)
     if args.command == "record":
         record(args)

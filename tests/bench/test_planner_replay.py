@@ -69,3 +69,41 @@ def test_a_recording_replays_to_the_same_plans_and_a_changed_one_fails(tmp_path,
         bench.main(["replay", str(changed), "--repeats", "1"])
     assert done.value.code == 1
     assert "plans that differ: 1" in capsys.readouterr().out
+
+
+def test_predictions_may_move_in_their_last_bits_decisions_may_not():
+    bench = _bench()
+    plan = next(c[3] for c in _recording(bench)["calls"]
+                if c[0] == "plan" and c[3].reason == "plan")
+    assert bench._differs(plan, plan) is None
+    nudged = dataclasses.replace(plan, predicted_ms=plan.predicted_ms * (1 + 1e-12))
+    assert bench._differs(nudged, plan) is None
+    moved = dataclasses.replace(plan, predicted_ms=plan.predicted_ms * (1 + 1e-6))
+    assert bench._differs(moved, plan).startswith("predicted_ms")
+    deeper = dataclasses.replace(plan, draft_depth=plan.draft_depth + 1)
+    assert bench._differs(deeper, plan).startswith("draft_depth")
+
+
+def test_against_a_revision_replays_its_planner_beside_todays(tmp_path, capsys):
+    """--against HEAD: the committed planner, imported under another name, replays the same
+    recording pass for pass with today's (both make its plans: the recording came from
+    today's, which a clean checkout's HEAD is)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("needs a git checkout")
+    if subprocess.run(["git", "-C", ROOT, "diff", "--quiet", "HEAD", "--", "planner/"],
+                      capture_output=True).returncode:
+        pytest.skip("planner/ has uncommitted changes: HEAD's planner is not today's")
+    bench = _bench()
+    path = tmp_path / "rec.pkl"
+    path.write_bytes(pickle.dumps(_recording(bench)))
+    with pytest.raises(SystemExit) as done:
+        bench.main(["replay", str(path), "--repeats", "2", "--against", "HEAD"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.count("plans that differ: 0") == 2 and "today / HEAD:" in out
+    with pytest.raises(SystemExit, match="no-such-revision"):
+        bench.main(["replay", str(path), "--against", "no-such-revision"])
