@@ -35,6 +35,8 @@ import math
 
 import numpy as np
 
+from .survival import weighted_line
+
 
 class StepCalibration:
     """log(measured / predicted) step time, per (bucket, depth) cell and per regime."""
@@ -251,15 +253,7 @@ class TokenCalibration:
                                             self.hi), 1.0)
 
     def _fit(self) -> tuple[float, float, float] | None:
-        """(mean depth, mean ratio, slope) of the weighted line, None before a measurement.
-        A handful of depths: plain floats cost the host less than array calls."""
+        """(mean depth, mean ratio, slope) of the weighted line, None before a measurement."""
         pts = [(d, (a + self.prior_drafts) / (p + self.prior_drafts), p + self.prior_drafts)
                for d, (a, p) in enumerate(self._sums.tolist()) if p > 0]  # (d, ratio, w)
-        if not pts:
-            return None
-        total = sum(w for _, _, w in pts)
-        mean_d = sum(w * d for d, _, w in pts) / total
-        mean_r = sum(w * r for _, r, w in pts) / total
-        spread = sum(w * (d - mean_d) ** 2 for d, _, w in pts)
-        slope = sum(w * (d - mean_d) * (r - mean_r) for d, r, w in pts) / spread if spread else 0.0
-        return mean_d, mean_r, slope
+        return weighted_line(*zip(*pts)) if pts else None

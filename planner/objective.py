@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .costs import CostTable
-from .survival import non_increasing
+from .survival import non_increasing, weighted_line
 from .types import DrafterKind, PlannerSpec
 
 
@@ -226,10 +226,8 @@ def _depth_line(table: CostTable, depths, context_len: float | None) -> np.ndarr
     w = np.maximum(table.count_many(depths, context_len).astype(np.float64), 1.0)  # [K]
     if len(d) < 2:
         return ms
-    mean_d, mean_ms = np.average(d, weights=w), np.average(ms, weights=w)
-    slope = max(0.0, float(np.sum(w * (d - mean_d) * (ms - mean_ms))
-                           / np.sum(w * (d - mean_d) ** 2)))
-    return np.maximum(mean_ms + slope * (d - mean_d), 0.0)
+    mean_d, mean_ms, slope = weighted_line(d, ms, w)
+    return np.maximum(mean_ms + max(0.0, slope) * (d - mean_d), 0.0)
 
 
 def _host_ms(table: CostTable, num_requests: int) -> float:

@@ -245,6 +245,19 @@ class SurvivalCurves:
         return out
 
 
+def weighted_line(x, y, w) -> tuple[float, float, float]:
+    """(mean x, mean y, slope) of the weighted least-squares line through points (x, y) with
+    weights w (a slope of 0 when every x is the same). A handful of points, read by the
+    planner every step: plain floats cost the host less than array calls."""
+    x, y, w = (np.asarray(v, dtype=np.float64).tolist() for v in (x, y, w))
+    total = sum(w)
+    mean_x = sum(wi * xi for xi, wi in zip(x, w)) / total
+    mean_y = sum(wi * yi for yi, wi in zip(y, w)) / total
+    spread = sum(wi * (xi - mean_x) ** 2 for xi, wi in zip(x, w))
+    slope = sum(wi * (xi - mean_x) * (yi - mean_y) for xi, yi, wi in zip(x, y, w))
+    return mean_x, mean_y, (slope / spread if spread else 0.0)
+
+
 def non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted least-squares fit of a non-increasing sequence (pool adjacent violators)."""
     values = np.asarray(values, dtype=np.float64)
