@@ -33,99 +33,19 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig  # noqa: E402
+from lightspec_jax import Engine, EngineConfig, SpeculativeConfig  # noqa: E402
 from lightspec_jax.assets import tiny_pair  # noqa: E402
 from lightspec_jax.engine.sharding import (MODEL, hlo_collectives, leaf_paths,  # noqa: E402
                                            make_mesh, replicated_bytes)
+from mesh_cases import (BASE, COSTS, K, check, check_served, failures,  # noqa: E402
+                        policy_config, recorded, scenarios, serve)
 
-_CACHE = os.environ.get("LIGHTSPEC_TEST_JAX_CACHE",
-                        os.path.join(os.path.dirname(__file__), "..", "..", ".jax_cache"))
-jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-
-BASE = dict(dtype="float32", max_num_seqs=4, max_model_len=64, max_num_batched_tokens=16,
-            row_buckets=(16,), compilation_cache_dir=None, show_progress=False,
-            forbid_recompile=True)
-K = 2
 LAYOUTS = {  # name -> EngineConfig fields placing it
     "tp2": dict(tensor_parallel_size=2),
     "tp4": dict(tensor_parallel_size=4),
     "dp2": dict(data_parallel_size=2),
     "tp2xdp2": dict(mesh="last four devices"),
 }
-COSTS = {"target": {"4": 2.0, "8": 2.6, "12": 3.4}, "draft": {"4": 1e-3, "8": 1e-3, "12": 1e-3},
-         "depth": {"1": 0.6, "2": 1.2},
-         "profile": {"draft_depth_ms": {"1": 0.6, "2": 1.2}, "context_per_request": 16,
-                     "num_slots": 4}}
-failures: list[str] = []
-
-
-def check(ok: bool, what: str) -> None:
-    if not ok:
-        failures.append(what)
-
-
-def policy_config(policy: str, cost_path: str) -> dict:
-    if policy == "plain":
-        return {}
-    spec = SpeculativeConfig(policy=policy, num_speculative_tokens=K)
-    if policy == "static":
-        return dict(speculative=spec, verify_buckets=(4, 12))
-    return dict(speculative=spec, verify_buckets=(4, 8, 12), cost_table_path=cost_path,
-                refresh_costs=False)
-
-
-def scenarios(seed: int, count: int, vocab: int):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        requests = []
-        for i in range(int(rng.integers(3, 7))):
-            prompt = rng.integers(2, vocab, size=int(rng.integers(1, 30))).tolist()
-            params = SamplingParams(max_tokens=int(rng.integers(2, 20)),
-                                    ignore_eos=bool(rng.random() < 0.5))
-            requests.append((f"r{i}", prompt, params, int(rng.integers(0, 6))))
-        abort = (f"r{int(rng.integers(0, len(requests)))}", int(rng.integers(2, 8)))
-        out.append((requests, abort))
-    return out
-
-
-class Recorder:
-    """A step observer keeping each decode step's plan and per-slot verified rows."""
-
-    def __init__(self):
-        self.plans = []
-
-    def __call__(self, event) -> None:
-        if event.readback is not None:
-            self.plans.append((event.record.verify_rows, event.record.draft_depth,
-                               event.readback[:, event.columns.verified].tolist()))
-
-
-def serve(engine: Engine, recorder: Recorder, requests, abort):
-    """Runs a scenario through the step API -> ({id: (tokens, reason)}, per-step plans)."""
-    recorder.plans = []
-    pending = sorted(requests, key=lambda r: r[3])
-    outputs, added, step = {}, set(), 0
-    while pending or engine.has_unfinished_requests():
-        while pending and pending[0][3] <= step:
-            rid, prompt, params, _ = pending.pop(0)
-            engine.add_request(rid, prompt, params)
-            added.add(rid)
-        if step == abort[1] and abort[0] in added and abort[0] not in outputs:
-            engine.abort(abort[0])
-        for out in engine.step():
-            if out.finished:
-                outputs[out.request_id] = (list(out.token_ids), out.finish_reason)
-        step += 1
-    return outputs, recorder.plans
-
-
-def recorded(engine: Engine) -> Recorder:
-    recorder = Recorder()
-    engine.add_step_observer(recorder)
-    return recorder
 
 
 def layout_config(name: str) -> dict:
@@ -171,14 +91,8 @@ def main() -> int:
                             drafter=None if policy == "plain" else drafter)
             recorder = recorded(engine)
             for i, case in enumerate(cases):
-                got_out, got_plans = serve(engine, recorder, *case)
-                want_out, want_plans = want[policy][i]
-                for rid in want_out:
-                    check(got_out.get(rid) == want_out[rid],
-                          f"{name}/{policy} case {i} {rid}: {got_out.get(rid)} != {want_out[rid]}")
-                if policy == "dynamic":
-                    check(got_plans == want_plans, f"{name}/dynamic case {i}: plans or verified "
-                                                   f"rows differ from the single-device engine")
+                check_served(f"{name}/{policy} case {i}", policy,
+                             serve(engine, recorder, *case), want[policy][i])
             summary["seconds"][f"{name}/{policy}"] = round(time.perf_counter() - t0, 2)
             if policy == "plain":
                 summary["bytes"][name] = measure_bytes(name, engine)
