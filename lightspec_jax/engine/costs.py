@@ -33,7 +33,9 @@ from lightspec_jax.planner import CostTable
 from lightspec_jax.planner.survival import non_increasing
 
 from .batch import SlotState
+from .multihost import Lockstep
 from .runner import ModelRunner
+from .sharding import to_host
 
 _PLACEHOLDER_MS = 1e-3
 
@@ -92,7 +94,7 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
     # The first 8 values of every leaf, gathered in one small executable (not a full copy).
     head = jax.jit(lambda xs: jnp.stack([
         jnp.pad(x.reshape(-1)[:8].astype(jnp.float32), (0, max(0, 8 - x.size))) for x in xs]))
-    fingerprint = hashlib.sha256(np.asarray(head(leaves)).tobytes()).hexdigest()
+    fingerprint = hashlib.sha256(to_host(head(leaves)).tobytes()).hexdigest()
     drafter = runner.drafter
     parts = {
         "target": dataclasses.asdict(target.config), "fingerprint": fingerprint,
@@ -230,16 +232,31 @@ class CostStore:
         return cls(path)
 
     def load_or_sweep(self, runner: ModelRunner, *, depths: tuple[int, ...],
-                      show_progress: bool) -> CostProfile:
-        """The stored tables, or the bucket sweep's (stored for the next start)."""
-        if self.path and os.path.isfile(self.path):
-            with open(self.path) as f:
-                profile = CostProfile.from_json(json.load(f))
-            if show_progress:
-                print(f"lightspec_jax: cost tables from {self.path}")
-            return profile
-        profile = profile_costs(runner, depths=depths, show_progress=show_progress)
-        self.save(profile)
+                      show_progress: bool, lockstep: Lockstep | None = None) -> CostProfile:
+        """The stored tables, or the bucket sweep's (stored for the next start).
+
+        Over several processes (`lockstep`) process 0's store decides: every process sweeps
+        when it has no table (the sweep's steps are collectives), and every process gets
+        process 0's tables; only process 0 writes the store."""
+        leads = lockstep is None or lockstep.leads
+        profile = self._load(show_progress) if leads else None
+        sweep = profile is None if lockstep is None else lockstep.flag(profile is None)
+        if sweep:
+            profile = profile_costs(runner, depths=depths, show_progress=show_progress)
+            if leads:
+                self.save(profile)
+        if lockstep is not None:
+            profile = CostProfile.from_json(lockstep.profile_json(
+                profile.to_json() if leads else None))
+        return profile
+
+    def _load(self, show_progress: bool) -> CostProfile | None:
+        if not (self.path and os.path.isfile(self.path)):
+            return None
+        with open(self.path) as f:
+            profile = CostProfile.from_json(json.load(f))
+        if show_progress:
+            print(f"lightspec_jax: cost tables from {self.path}")
         return profile
 
     def save(self, profile: CostProfile) -> None:

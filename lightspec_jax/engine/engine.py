@@ -33,6 +33,7 @@ from .intake import make_request
 from .buckets import CompileWatch, lazy_compile_events, powers_of_two, verify_buckets
 from .costs import CostStore
 from .feedback import PlannerFeedback
+from .multihost import Lockstep
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sharding import MeshLayout, engine_mesh
@@ -160,6 +161,9 @@ class Engine:
         if self.mesh is not None:
             layout = MeshLayout.for_target(self.mesh, model.config, num_slots=n)
             _check_mesh_ops(self.mesh)
+        # Over several processes, process 0 decides what follows measured times (multihost.py).
+        self._lockstep = (Lockstep() if layout is not None and layout.spans_processes
+                          else None)
         start = time.perf_counter()
         self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=cache_len, max_depth=k,
                                   prefill_buckets=config.buckets, decode_buckets=decode_buckets,
@@ -188,7 +192,7 @@ class Engine:
                   f"{len(config.buckets)} prefill buckets {list(config.buckets)} and "
                   f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
                   f"{self.compile_seconds:.1f} s")
-        self.planner = self.cost_profile = self._feedback = None
+        self.planner = self.cost_profile = self._feedback = self._shared_plans = None
         if speculative:
             tables, store = {}, None
             # Full width needs no prices: static decoding sweeps only to fill a given path.
@@ -196,7 +200,8 @@ class Engine:
                 store = CostStore.for_engine(config, self.runner, model, depths=depths,
                                              policy=spec.policy.value)
                 self.cost_profile = store.load_or_sweep(
-                    self.runner, depths=depths, show_progress=config.show_progress)
+                    self.runner, depths=depths, show_progress=config.show_progress,
+                    lockstep=self._lockstep)
                 p = self.cost_profile
                 tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
             # A dynamic engine reuses a decision for up to 4 steps of one shape: deciding is
@@ -215,11 +220,16 @@ class Engine:
                                                block_size=block, block_lead=lead,
                                                floor=floor),
                 overlap=hides_host_time(config), **tables, **options)
-            self._feedback = PlannerFeedback(
-                self.planner, refresh_costs=config.refresh_costs,
-                keep_confidences=spec.policy is Policy.DSPARK,
-                short_proposals=drafter.short_proposals, cost_store=store,
-                cost_profile=self.cost_profile)
+            # Over several processes, a plan that follows measured times is process 0's; a
+            # static plan follows the requests alone. Process 0 alone learns and writes.
+            if self._lockstep is not None and spec.policy is not Policy.STATIC:
+                self._shared_plans = self._lockstep
+            if self._lockstep is None or self._lockstep.leads:
+                self._feedback = PlannerFeedback(
+                    self.planner, refresh_costs=config.refresh_costs,
+                    keep_confidences=spec.policy is Policy.DSPARK,
+                    short_proposals=drafter.short_proposals, cost_store=store,
+                    cost_profile=self.cost_profile)
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens)
@@ -399,20 +409,22 @@ class Engine:
             rows = self.runner.decode_registry.pick(n)
             return StepPlan(num_requests=n, num_with_proposal=0, verified_depth=0, fill_rows=n,
                             verify_rows=rows, draft_depth=0, update_stats=False, reason="plain")
-        confidences = None
-        conf = self._feedback.last_conf
-        if conf is not None:
-            confidences = conf[self.scheduler.decoding]
+        shared = self._shared_plans
+        if shared is not None and not shared.leads:
+            return shared.plan(None)  # process 0's
+        conf = None if self._feedback is None else self._feedback.last_conf
+        confidences = None if conf is None else conf[self.scheduler.decoding]
         # The host's view of each request's remaining allowance lags the step in flight, which
         # emits at least one token per request.
         lag = int(self.config.overlap and self._in_flight is not None
                   and self._in_flight.readback is not None)
         decoding = self.scheduler.decoding
         remaining = np.maximum(self.scheduler.remaining[decoding] - lag, 1)
-        return self.planner.plan(num_requests=n, num_with_proposal=batch.num_with_proposal,
+        plan = self.planner.plan(num_requests=n, num_with_proposal=batch.num_with_proposal,
                                  confidences=confidences, context_len=batch.context_len,
                                  remaining=remaining,
                                  sampling_classes=self.scheduler.acceptance_class[decoding])
+        return plan if shared is None else shared.plan(plan)
 
     def _postprocess(self, flight: _InFlight):
         """Reads a step back (one packed array) and lets the scheduler apply it."""

@@ -30,7 +30,7 @@ from . import step
 from .batch import PrefillInputs, Readback, SlotRows, SlotState, write_slots
 from .buckets import BucketRegistry, powers_of_two
 from .scheduler import PrefillChunk
-from .sharding import MeshLayout, device_bytes
+from .sharding import MeshLayout, device_bytes, to_host
 from .verifier import ExactMatch
 
 
@@ -88,7 +88,7 @@ class ModelRunner:
             dcache_s, state_s = per_slot(self.dcache), per_slot(self.state)
             out_shardings = dict(  # first tokens [C] replicated; read-back, confidences [N, .]
                 prefill=(cache_s, dcache_s, state_s, layout.replicated),
-                decode=(cache_s, dcache_s, state_s, layout.slot_rows, layout.slot_rows),
+                decode=(cache_s, dcache_s, state_s, layout.host_rows, layout.host_rows),
                 draft=(dcache_s, state_s), write=state_s)
         verifier = self.verifier
         spec = abstract if layout is None else layout.abstract
@@ -171,7 +171,7 @@ class ModelRunner:
         a c=64 run's first repeat. Every row of an empty batch is padding: its cache writes
         are dropped and no slot changes, so this leaves the engine as it was, requests none.
         """
-        if np.asarray(self.state.active).any():
+        if to_host(self.state.active).any():
             raise RuntimeError("warm_up() needs an idle runner: slots hold requests, and an "
                                "empty batch's state would replace theirs")
         n = self.num_slots

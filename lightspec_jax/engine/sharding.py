@@ -33,10 +33,12 @@ step's work. The B verify rows are one flat, replicated batch, so each replica r
 projections for every row, and attention reads a row's KV blocks from the device that holds
 its slot: a masked gather plus an all-reduce over 'data'. Giving each replica only its own
 slots' rows needs per-replica row buckets. The Pallas kernels do not run under shard_map
-yet (engine.py refuses a multi-device GPU mesh without the reference ops). The engine
-still loads the model whole, then places it; `assemble_target` builds the placed leaves from
-per-shard reads instead (checkpoint.qwen3.load_qwen3_sharded), not wired into
-Engine.from_pretrained yet.
+yet (engine.py refuses a multi-device GPU mesh without the reference ops).
+`assemble_target` builds the placed leaves from per-shard reads
+(checkpoint.qwen3.load_qwen3_sharded: Engine.from_pretrained on a mesh).
+
+A mesh may span processes (multi-host; engine/multihost.py): what the host reads every step
+is then whole on every device (`host_rows`), since a process reads only its own devices.
 
 Axis legend: L layers, H hidden, Q query heads, G KV heads, D head dim, I intermediate,
 V vocab, N slots, S cache length.
@@ -152,6 +154,19 @@ class MeshLayout:
         """Per-slot arrays [N, ...]: N over 'data'."""
         return NamedSharding(self.mesh, P(DATA))
 
+    @property
+    def spans_processes(self) -> bool:
+        """Whether the mesh holds devices of other processes (multi-host serving)."""
+        return any(d.process_index != jax.process_index() for d in self.mesh.devices.flat)
+
+    @property
+    def host_rows(self) -> NamedSharding:
+        """Per-slot arrays the host reads every step (the packed read-back, the verified
+        confidences): split like the slots on one process; whole on every device when the
+        mesh spans processes, so that each process reads every slot from its own devices
+        (the step's executable gathers them; a process cannot read another's shards)."""
+        return self.replicated if self.spans_processes else self.slot_rows
+
     def _on(self, ndim: int, axis: int | None, name: str) -> NamedSharding:
         spec = [None] * ndim
         if axis is not None:
@@ -266,6 +281,17 @@ class MeshLayout:
             sharding = x.sharding if isinstance(x, jax.Array) else self.replicated
             return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
         return jax.tree.map(one, tree)
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """A device array on the host, whole, on every process: read directly when this process
+    holds all of it; else gathered from the other processes (a collective every process must
+    call; outside the step loop only, e.g. start-up checks)."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 # --- what each device holds -------------------------------------------------------------
