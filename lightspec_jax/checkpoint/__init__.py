@@ -24,12 +24,8 @@ def load_qwen3(path: str, *, dtype: str | None = None) -> Qwen3:
         raise CheckpointError(f"checkpoint path {path!r} is not a directory")
     if not is_converted(path):
         return load_qwen3_hf(path, dtype=dtype or "float32")
-    marker = read_marker(path)
-    if marker.get("model") != "qwen3":
-        raise CheckpointError(f"{path} holds a converted {marker.get('model')!r}, not a qwen3 target")
-    cfg = read_qwen3_config(path)
-    saved = resolve_dtype(marker["dtype"])
-    model = restore_params(abstract_qwen3(cfg, saved), path)
+    saved = _converted_dtype(path)
+    model = restore_params(abstract_qwen3(read_qwen3_config(path), saved), path)
     if dtype is not None and resolve_dtype(dtype) != saved:
         import jax
         from flax import nnx
@@ -37,6 +33,39 @@ def load_qwen3(path: str, *, dtype: str | None = None) -> Qwen3:
         state = nnx.state(model, nnx.Param)
         nnx.update(model, jax.tree.map(lambda x: x.astype(want), state))
     return model
+
+
+def load_qwen3_placed(path: str, layout, *, dtype: str | None = None):
+    """A Qwen3 target read straight into a mesh's shardings (engine/sharding.py MeshLayout
+    without repeated K/V heads), each process reading only what its devices hold: a Hugging
+    Face directory slice by slice from its safetensors (qwen3.load_qwen3_sharded), a converted
+    one by orbax into the shardings. Returns (the module, its placed leaves in
+    `jax.tree.leaves` order, the embedding [V, H] among them)."""
+    import jax
+    from flax import nnx
+
+    from lightspec_jax.engine.sharding import leaf_paths
+
+    from .qwen3 import load_qwen3_sharded
+
+    if not is_converted(path):
+        return load_qwen3_sharded(path, layout, dtype=dtype or "float32")
+    saved = _converted_dtype(path)
+    model = abstract_qwen3(read_qwen3_config(path), saved)
+    model = restore_params(model, path, layout.abstract_target(nnx.state(model, nnx.Param)))
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    if dtype is not None and resolve_dtype(dtype) != saved:  # cast where each shard lies
+        want = resolve_dtype(dtype)
+        leaves = [x.astype(want) for x in leaves]
+    embed = leaves[leaf_paths(nnx.state(model, nnx.Param)).index("embed")]
+    return model, leaves, embed
+
+
+def _converted_dtype(path: str):
+    marker = read_marker(path)
+    if marker.get("model") != "qwen3":
+        raise CheckpointError(f"{path} holds a converted {marker.get('model')!r}, not a qwen3 target")
+    return resolve_dtype(marker["dtype"])
 
 
 def convert_qwen3(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16") -> Qwen3:

@@ -62,14 +62,22 @@ def read_marker(directory: str) -> dict:
     return marker
 
 
-def restore_params(abstract_model: nnx.Module, directory: str) -> nnx.Module:
-    """Fills an abstract (eval_shape) module with the arrays saved under `directory`/params."""
+def restore_params(abstract_model: nnx.Module, directory: str,
+                   placed: list[jax.ShapeDtypeStruct] | None = None) -> nnx.Module:
+    """Fills an abstract (eval_shape) module with the arrays saved under `directory`/params.
+
+    placed: one ShapeDtypeStruct per parameter (`jax.tree.leaves` order of its nnx.Param
+    state) carrying the sharding to restore it in (engine/sharding.py MeshLayout.
+    abstract_target): orbax then reads for each device only the slice it holds, so the host
+    never holds the whole model. None: each array whole on the default device."""
     import orbax.checkpoint as ocp
 
     params_dir = os.path.join(os.path.abspath(directory), "params")
     if not os.path.isdir(params_dir):
         raise CheckpointError(f"missing {params_dir}: not a complete converted checkpoint")
     state = nnx.state(abstract_model, nnx.Param)
+    if placed is not None:
+        state = jax.tree.unflatten(jax.tree.structure(state), placed)
     target = nnx.to_pure_dict(state)
     try:
         restored = ocp.StandardCheckpointer().restore(params_dir, target)

@@ -63,28 +63,29 @@ def load_pretrained(target_path: str, drafter_path: str | None, config: EngineCo
 
 def _load_target(target_path: str, config: EngineConfig):
     """The target read straight into the engine's mesh shardings, or None where the whole
-    model is loaded on the host first (no mesh; a converted checkpoint; K/V heads repeated
-    because tensor_parallel_size exceeds them - the repeat is made on the devices then).
+    model is loaded on the host first (no mesh; K/V heads repeated because
+    tensor_parallel_size exceeds them - the repeat is made on the devices then).
 
-    Each process reads only the slices of the safetensors tensors its devices hold
-    (checkpoint.qwen3.load_qwen3_sharded), so the host holds about one shard at a time. The
-    arrays arrive in the shardings the engine's runner places the target in
+    Each process reads only what its devices hold (checkpoint.load_qwen3_placed): the
+    slices of the safetensors tensors of a Hugging Face directory, or a converted
+    checkpoint's arrays restored by orbax into the shardings; the host holds about one shard
+    at a time. The arrays arrive in the shardings the engine's runner places the target in
     (MeshLayout.place_target), which then moves nothing.
     """
     import jax
     from flax import nnx
 
-    from ..checkpoint.converted import is_converted
-    from ..checkpoint.qwen3 import load_qwen3_sharded, read_qwen3_config
+    from ..checkpoint import load_qwen3_placed
+    from ..checkpoint.qwen3 import read_qwen3_config
     from .sharding import MeshLayout, engine_mesh
 
     mesh = engine_mesh(config)
-    if mesh is None or is_converted(target_path):
+    if mesh is None:
         return None
     layout = MeshLayout.for_target(mesh, read_qwen3_config(target_path),
                                    num_slots=config.max_num_seqs)
     if layout.kv_repeat > 1:
         return None
-    model, leaves, _ = load_qwen3_sharded(target_path, layout, dtype=config.resolved_dtype)
+    model, leaves, _ = load_qwen3_placed(target_path, layout, dtype=config.resolved_dtype)
     nnx.update(model, jax.tree.unflatten(jax.tree.structure(nnx.state(model)), leaves))
     return model

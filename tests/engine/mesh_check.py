@@ -35,6 +35,7 @@ from flax import nnx  # noqa: E402
 
 from lightspec_jax import Engine, EngineConfig, SpeculativeConfig  # noqa: E402
 from lightspec_jax.assets import tiny_pair  # noqa: E402
+from lightspec_jax.checkpoint import convert_qwen3, load_qwen3, load_qwen3_placed  # noqa: E402
 from lightspec_jax.engine.sharding import (MODEL, hlo_collectives, leaf_paths,  # noqa: E402
                                            make_mesh, replicated_bytes)
 from mesh_cases import (BASE, COSTS, K, check, check_served, failures,  # noqa: E402
@@ -126,6 +127,34 @@ def main() -> int:
     got_out, _ = serve(engine, recorded(engine), *cases[0])
     check(got_out == want["static"][0][0], "tp2 sharded load: output differs from one device")
     summary["seconds"]["tp2/sharded-load"] = round(time.perf_counter() - t0, 2)
+    # A converted (orbax) checkpoint restores into the same shardings: the same arrays, bit
+    # for bit, each device's slice read by orbax; the runner places nothing more.
+    t0 = time.perf_counter()
+    converted = os.path.join(tempfile.mkdtemp(), "converted")
+    convert_qwen3(pair.target, converted, dtype="float32")
+    restored = Engine.from_pretrained(converted, pair.drafter, config=config)
+    q_restored = restored.model.layers.q_proj[...]
+    check(q_restored.sharding == q_proj.sharding,
+          f"the converted checkpoint restored q_proj as {q_restored.sharding}")
+    for a, b in zip(restored.runner._t_leaves, engine.runner._t_leaves):
+        check(a.sharding == b.sharding and bool((a == b).all()),
+              "a leaf restored from the converted checkpoint differs from the safetensors one")
+    check([x.data.unsafe_buffer_pointer() for x in restored.runner._t_leaves[0].addressable_shards]
+          == [x.data.unsafe_buffer_pointer()
+              for x in jax.tree.leaves(nnx.state(restored.model))[0].addressable_shards],
+          "the runner copied a target restored sharded")
+    got_out, _ = serve(restored, recorded(restored), *cases[0])
+    check(got_out == want["static"][0][0], "tp2 converted load: output differs from one device")
+    # Saved in bfloat16, served in float32: cast where each shard lies, as the whole load.
+    half = os.path.join(tempfile.mkdtemp(), "converted-bf16")
+    convert_qwen3(pair.target, half, dtype="bfloat16")
+    _, leaves, _ = load_qwen3_placed(half, restored.runner.layout, dtype="float32")
+    whole = jax.tree.leaves(nnx.state(load_qwen3(half, dtype="float32"), nnx.Param))
+    for a, b, c in zip(leaves, whole, engine.runner._t_leaves):
+        check(a.dtype == b.dtype and a.sharding == c.sharding
+              and np.array_equal(np.asarray(a), np.asarray(b)),
+              "a bfloat16 converted checkpoint restored sharded as float32 differs")
+    summary["seconds"]["tp2/converted-load"] = round(time.perf_counter() - t0, 2)
     summary["fill"] = check_fill()
     summary["errors"] = check_errors(model)
     summary["seconds"]["total"] = round(time.perf_counter() - started, 2)
