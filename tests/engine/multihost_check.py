@@ -11,7 +11,8 @@ Checks, on the shipped tiny pair in float32, over randomised scenarios (prompts,
 staggered arrivals, an abort each):
 * plain, static and dynamic engines with data parallelism across the processes (DP=2), the
   dynamic one with fixed cost tables: process 0 checks every output against a single-device
-  engine of the same policy it runs on its own, and the dynamic plans too;
+  engine of the same policy it runs on its own, and the dynamic plans too; a DSpark-style
+  engine (plans from the verified confidences) against plain decoding;
 * a dynamic engine with tensor parallelism across the processes (TP=2) with the start-up sweep and the online cost refresh - plans that follow each
   process's measured times - where only process 1 holds a stored cost table: it must sweep
   with process 0 (the sweep's steps are collectives) and take process 0's tables and plans.
@@ -100,6 +101,14 @@ def main() -> int:
         got = served(f"dp2/{policy}", config, policy, 2)
         for i, served_case in enumerate(got if leader else ()):
             check_served(f"dp2/{policy} case {i}", policy, served_case, want[policy][i])
+
+    # The DSpark-style policy plans from the verified confidences each process reads back.
+    got = served("dp2/dspark", EngineConfig(**BASE, **policy_config("dspark", fixed),
+                                            data_parallel_size=2), "dspark", 1)
+    for out, _ in got if leader else ():
+        for rid, (tokens, reason) in want["plain"][0][0].items():
+            if reason != "abort" and out[rid][1] != "abort":  # aborts land by plan
+                check(out[rid] == (tokens, reason), f"dp2/dspark {rid} differs from plain")
 
     # Timed plans: process 0 holds no stored cost table and sweeps at start-up, process 1
     # holds one; refresh on. Every process must sweep (the sweep's steps are collectives)

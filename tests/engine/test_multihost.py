@@ -50,7 +50,7 @@ def test_two_processes_serve_as_one_device():
         summaries.append(summary)
     lead, follow = summaries
     assert (lead["devices"], lead["local_devices"]) == (2, 1)
-    assert set(lead["served"]) == {"dp2/plain", "dp2/static", "dp2/dynamic",
+    assert set(lead["served"]) == {"dp2/plain", "dp2/static", "dp2/dynamic", "dp2/dspark",
                                    "tp2/dynamic-timed"}
     for name, cases in lead["served"].items():
         # The same tokens, finish reasons, plans and verified rows per slot, step for step.
