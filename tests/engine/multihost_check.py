@@ -68,7 +68,6 @@ def main() -> int:
     fixed = os.path.join(folder, "costs.json")
     with open(fixed, "w") as f:
         json.dump(COSTS, f)
-    model = drafter = eos = None
     want = {}
     cases = None
     if leader:  # the single-device reference, on process 0's first device alone
