@@ -52,13 +52,13 @@ def load_qwen3_placed(path: str, layout, *, dtype: str | None = None):
         return load_qwen3_sharded(path, layout, dtype=dtype or "float32")
     saved = _converted_dtype(path)
     model = abstract_qwen3(read_qwen3_config(path), saved)
-    model = restore_params(model, path, layout.abstract_target(nnx.state(model, nnx.Param)))
+    state = nnx.state(model, nnx.Param)
+    model = restore_params(model, path, layout.abstract_target(state))
     leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
     if dtype is not None and resolve_dtype(dtype) != saved:  # cast where each shard lies
         want = resolve_dtype(dtype)
         leaves = [x.astype(want) for x in leaves]
-    embed = leaves[leaf_paths(nnx.state(model, nnx.Param)).index("embed")]
-    return model, leaves, embed
+    return model, leaves, leaves[leaf_paths(state).index("embed")]
 
 
 def _converted_dtype(path: str):

@@ -162,8 +162,7 @@ class Engine:
             layout = MeshLayout.for_target(self.mesh, model.config, num_slots=n)
             _check_mesh_ops(self.mesh)
         # Over several processes, process 0 decides what follows measured times (multihost.py).
-        self._lockstep = (Lockstep() if layout is not None and layout.spans_processes
-                          else None)
+        lockstep = Lockstep() if layout is not None and layout.spans_processes else None
         start = time.perf_counter()
         self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=cache_len, max_depth=k,
                                   prefill_buckets=config.buckets, decode_buckets=decode_buckets,
@@ -201,7 +200,7 @@ class Engine:
                                              policy=spec.policy.value)
                 self.cost_profile = store.load_or_sweep(
                     self.runner, depths=depths, show_progress=config.show_progress,
-                    lockstep=self._lockstep)
+                    lockstep=lockstep)
                 p = self.cost_profile
                 tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
             # A dynamic engine reuses a decision for up to 4 steps of one shape: deciding is
@@ -222,9 +221,9 @@ class Engine:
                 overlap=hides_host_time(config), **tables, **options)
             # Over several processes, a plan that follows measured times is process 0's; a
             # static plan follows the requests alone. Process 0 alone learns and writes.
-            if self._lockstep is not None and spec.policy is not Policy.STATIC:
-                self._shared_plans = self._lockstep
-            if self._lockstep is None or self._lockstep.leads:
+            if lockstep is not None and spec.policy is not Policy.STATIC:
+                self._shared_plans = lockstep
+            if lockstep is None or lockstep.leads:
                 self._feedback = PlannerFeedback(
                     self.planner, refresh_costs=config.refresh_costs,
                     keep_confidences=spec.policy is Policy.DSPARK,

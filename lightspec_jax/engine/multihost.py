@@ -45,6 +45,10 @@ _PLAN_NUMBERS = ("num_requests", "num_with_proposal", "verified_depth", "fill_ro
 _REASON_CHARS = 16
 assert {f.name for f in dataclasses.fields(StepPlan)} == {*_PLAN_NUMBERS, "reason"}, \
     "a StepPlan field is missing from the broadcast plan"
+# Each number back to its field's type (the annotations are strings: postponed evaluation).
+_PLAN_TYPES = tuple({"int": int, "bool": bool, "float": float}[str(f.type)]
+                    for name in _PLAN_NUMBERS
+                    for f in dataclasses.fields(StepPlan) if f.name == name)
 
 
 def _broadcast(values: np.ndarray) -> np.ndarray:
@@ -87,11 +91,8 @@ class Lockstep:
             codes[:len(_PLAN_NUMBERS)] = [float(getattr(plan, f)) for f in _PLAN_NUMBERS]
             codes[len(_PLAN_NUMBERS):len(_PLAN_NUMBERS) + len(reason)] = list(reason)
         codes = _broadcast(codes)
-        numbers = dict(zip(_PLAN_NUMBERS, codes[:len(_PLAN_NUMBERS)].tolist()))
-        kinds = {f.name: f.type for f in dataclasses.fields(StepPlan)}
-        fields = {name: (x if kinds[name] in (float, "float") else
-                         bool(x) if kinds[name] in (bool, "bool") else int(x))
-                  for name, x in numbers.items()}
+        fields = {name: kind(x) for name, kind, x in
+                  zip(_PLAN_NUMBERS, _PLAN_TYPES, codes[:len(_PLAN_NUMBERS)].tolist())}
         reason = bytes(int(c) for c in codes[len(_PLAN_NUMBERS):] if c).decode()
         return StepPlan(**fields, reason=reason)
 
