@@ -110,7 +110,8 @@ class EngineConfig:
     row_buckets: tuple[int, ...] | None = None
     speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
     # Compiled verify-row buckets of the speculative step; None = powers of two and their
-    # midpoints up to max_num_seqs * (K + 1).
+    # midpoints up to max_num_seqs * (K + 1). With data parallelism each rounds up to a
+    # multiple of data_parallel_size (each replica verifies B / D rows).
     verify_buckets: tuple[int, ...] | None = None
     # The planner's cost tables: loaded from this JSON file when it exists, else measured at
     # start-up by the bucket sweep (and saved here when a path is given).

@@ -35,6 +35,7 @@ from lightspec_jax.planner.survival import non_increasing
 from .batch import SlotState
 from .multihost import Lockstep
 from .runner import ModelRunner
+from .scheduler import spread_slots
 from .sharding import to_host
 
 _PLACEHOLDER_MS = 1e-3
@@ -79,8 +80,9 @@ class CostProfile:
 # full proposals, as serving runs them; 7: depth prices fitted non-decreasing; 8: the verify
 # table imputes other contexts by the attention route, see verify_context_rule; 9: the CPU's
 # reference attention reads 32-position blocks, pallas_kernels.verify_attention.reference_block,
-# which cut its steps by up to a third: tables timed before it overprice every step).
-SWEEP_VERSION = 9
+# which cut its steps by up to a third: tables timed before it overprice every step; 10:
+# data-parallel replicas verify their own B / D rows, and the sweep spreads its slots over them).
+SWEEP_VERSION = 10
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -103,9 +105,11 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
                                                   repr(getattr(drafter, "config", None))],
         "dtype": dtype, "slots": runner.num_slots, "cache_len": runner.cache_len,
         "row_tile": runner.row_tile,
+        "mesh": None if runner.layout is None else dict(runner.layout.mesh.shape),
         "decode_buckets": runner.decode_registry.sizes, "depths": depths, "policy": policy,
         "verifier": [runner.verifier.name, type(runner.verifier).__name__,
-                     runner.verifier.support, runner.verifier.coupled_support], "device": jax.devices()[0].device_kind,
+                     runner.verifier.support, runner.verifier.coupled_support],
+        "device": jax.devices()[0].device_kind,
         "backend": jax.default_backend(), "jax": jax.__version__, "lightspec_jax": version,
         "sweep": SWEEP_VERSION,
     }
@@ -114,7 +118,9 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
 
 def _synthetic_state(runner: ModelRunner, context: int, active: int) -> SlotState:
     n, k = runner.num_slots, runner.max_depth
-    slots = jnp.arange(n) < active
+    # Spread over the data-parallel replicas as the scheduler admits requests: each replica
+    # verifies its own B / D rows.
+    slots = jnp.asarray(spread_slots(n, runner.replicas, active))
     return runner.place_state(runner.empty_state()._replace(
         seq_len=jnp.full((n,), context, jnp.int32), active=slots,
         remaining=jnp.full((n,), 1 << 20, jnp.int32),

@@ -35,7 +35,7 @@ from .costs import CostStore
 from .feedback import PlannerFeedback
 from .multihost import Lockstep
 from .runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, rows_needed
 from .sharding import MeshLayout, engine_mesh
 from .verifier import verifier_for
 
@@ -161,6 +161,10 @@ class Engine:
         if self.mesh is not None:
             layout = MeshLayout.for_target(self.mesh, model.config, num_slots=n)
             _check_mesh_ops(self.mesh)
+            # Each data-parallel replica verifies B / D rows: buckets round up to multiples.
+            r = layout.replicas
+            self.decode_buckets = decode_buckets = tuple(sorted({-(-b // r) * r
+                                                                 for b in decode_buckets}))
         # Over several processes, process 0 decides what follows measured times (multihost.py).
         lockstep = Lockstep() if layout is not None and layout.spans_processes else None
         start = time.perf_counter()
@@ -231,7 +235,8 @@ class Engine:
                     cost_profile=self.cost_profile)
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
-        self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens)
+        self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens,
+                                   replicas=self.runner.replicas)
         self._requests: dict[str, Request] = {}  # live or not yet reported as finished
         self._aborted: list[Request] = []  # aborted since the last step(), to report
         self._in_flight: _InFlight | None = None
@@ -403,6 +408,18 @@ class Engine:
                          busy_at_enqueue=busy, dispatched_at=time.perf_counter())
 
     def _plan(self, batch) -> StepPlan:
+        plan = self._choose(batch)
+        replicas = self.runner.replicas
+        if replicas > 1:
+            # Each data-parallel replica verifies B / D rows of its own slots: B must give the
+            # busiest one a row per decoding slot (one device: B >= N already).
+            need = rows_needed(self.scheduler.decoding, replicas)
+            if plan.verify_rows < need:
+                plan = dataclasses.replace(plan,
+                                           verify_rows=self.runner.decode_registry.pick(need))
+        return plan
+
+    def _choose(self, batch) -> StepPlan:
         n = batch.num_decoding
         if self.planner is None:  # plain decoding: one row per decoding request
             rows = self.runner.decode_registry.pick(n)

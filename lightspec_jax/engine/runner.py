@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
 from lightspec_jax.models import Qwen3
@@ -30,7 +31,7 @@ from . import step
 from .batch import PrefillInputs, Readback, SlotRows, SlotState, write_slots
 from .buckets import BucketRegistry, powers_of_two
 from .scheduler import PrefillChunk
-from .sharding import MeshLayout, device_bytes, to_host
+from .sharding import DATA, MeshLayout, device_bytes, to_host
 from .verifier import ExactMatch
 
 
@@ -107,12 +108,39 @@ class ModelRunner:
                                     inputs, mode=mode, row_tile=row_tile)
             return fn
 
+        self.replicas = replicas = 1 if layout is None else layout.replicas
+        if any(b % replicas for b in decode_buckets):
+            raise ValueError(f"decode buckets {list(decode_buckets)} must be multiples of the "
+                             f"data parallel size {replicas}: each replica verifies B / D rows")
+
         def decode_fn(rows, mode):
+            # With D data-parallel replicas each verifies B / D rows of its own N / D slots,
+            # its fill's top-B / D taken over them (the engine sizes B so that every
+            # replica's decoding slots get their rows: scheduler.rows_needed).
             def fn(t_leaves, d_leaves, cache, dcache, state, extra):
                 return step.decode(merge(t_leaves), drafter, verifier, d_leaves, cache, dcache,
-                                   state, extra, num_rows=rows, mode=mode,
+                                   state, extra, num_rows=rows // replicas, mode=mode,
                                    row_tile=row_tile)
-            return fn
+            if replicas == 1:
+                return fn
+            slots = lambda tree: layout.slot_specs(tree, n)  # noqa: E731
+            mine = (slots(self.cache), slots(self.dcache), slots(self.state))
+            shared = [spec == P() for spec in jax.tree.leaves(
+                mine[1], is_leaf=lambda x: isinstance(x, P))]
+
+            def one_replica(t_leaves, d_leaves, cache, dcache, state, extra):
+                out = fn(t_leaves, d_leaves, cache, dcache, state, extra)
+                # What every replica holds whole (a drafter's global statistics) must leave
+                # the verify step as it came: a replica's own update would part the copies.
+                for same, a, b in zip(shared, jax.tree.leaves(dcache), jax.tree.leaves(out[1])):
+                    if same and a is not b:
+                        raise NotImplementedError(
+                            f"{type(drafter).__name__} updates its global state in the verify "
+                            "step, which data parallelism cannot split over replicas")
+                return out
+            return layout.per_replica(
+                one_replica, in_specs=(P(), P(), *mine, slots(verifier.empty_inputs(n, k))),
+                out_specs=(*mine, P(DATA), P(DATA)))
 
         def draft_fn(depth):
             def fn(embed, d_leaves, dcache, state):

@@ -9,7 +9,9 @@ over slots; only requests that produced tokens are touched one by one.
 
 The device decides which slots decode (batch.py); the host mirrors it one step late in
 `decoding`, which can only over-count (a request the device already ended), so a decode
-bucket sized from it always holds every active slot.
+bucket sized from it always holds every active slot. With D data-parallel replicas, each
+verifying B / D rows of its own slots, requests are admitted to the least-loaded replica and
+the bucket is sized by the busiest one (`rows_needed`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,26 @@ import numpy as np
 
 from ..metrics import SpecCounters
 from ..request import FinishReason, Request
+
+
+def replica_loads(mask: np.ndarray, replicas: int) -> np.ndarray:
+    """[D] how many of the slots marked in `mask` [N] bool each of the D data-parallel
+    replicas holds (replica r: slots [r N/D, (r+1) N/D), engine/sharding.py)."""
+    return np.asarray(mask, bool).reshape(replicas, -1).sum(axis=1)
+
+
+def rows_needed(mask: np.ndarray, replicas: int) -> int:
+    """The fewest verify rows that give every slot marked in `mask` [N] its row when each of
+    the D replicas verifies B / D rows of its own slots: D x the busiest replica's count."""
+    return int(replicas * replica_loads(mask, replicas).max()) if len(mask) else 0
+
+
+def spread_slots(num_slots: int, replicas: int, count: int) -> np.ndarray:
+    """[N] bool: `count` slots spread evenly over the replicas (the i-th slot of replica r is
+    taken when i D + r < count), the order in which the scheduler fills an empty engine."""
+    local = np.arange(num_slots) % (num_slots // replicas)
+    replica = np.arange(num_slots) // (num_slots // replicas)
+    return local * replicas + replica < count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +77,10 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, *, num_slots: int, max_rows: int):
+    def __init__(self, *, num_slots: int, max_rows: int, replicas: int = 1):
         self.num_slots = num_slots
         self.max_rows = max_rows
+        self.replicas = replicas
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[int, Request] = {}  # slot -> request, in admission order
         self.prefilling: dict[int, Request] = {}  # the running requests with prompt left
@@ -89,12 +112,22 @@ class Scheduler:
         if slot is not None and slot not in self._writes:
             self._writes[slot] = None  # the device must stop decoding it
 
+    def _take_slot(self) -> int:
+        """The lowest free slot of the replica that holds the fewest requests."""
+        if self.replicas == 1:
+            return self._free_slots.pop()
+        held = replica_loads([r is not None for r in self.owner], self.replicas)
+        per = self.num_slots // self.replicas
+        slot = min(self._free_slots, key=lambda s: (held[s // per], s))
+        self._free_slots.remove(slot)
+        return slot
+
     # --- one step ---------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledStep:
         while self.waiting and self._free_slots:
             request = self.waiting.popleft()
-            slot = request.slot = self._free_slots.pop()
+            slot = request.slot = self._take_slot()
             self.running[slot] = self.prefilling[slot] = request
             self.owner[slot] = request
             self._writes[slot] = request

@@ -24,16 +24,15 @@ every per-slot array (SlotState, the drafter's caches); the parameters are repli
 'data'. The drafter (Eagle3, draft LM, DFlash) is replicated on 'model': its caches are
 sharded over 'data' only.
 
-What GSPMD keeps global: the verify fill's top-B is one jnp op over all N slots, so the
-planner's budget B means the same thing as on one device (the mesh tests check its layout
-against the single-device one).
-
-Limits of this first slice: data parallelism splits the slots' memory, not the verify
-step's work. The B verify rows are one flat, replicated batch, so each replica runs the
-projections for every row, and attention reads a row's KV blocks from the device that holds
-its slot: a masked gather plus an all-reduce over 'data'. Giving each replica only its own
-slots' rows needs per-replica row buckets. The Pallas kernels do not run under shard_map
-yet (engine.py refuses a multi-device GPU mesh without the reference ops).
+The verify step splits over the replicas (`per_replica`, a shard_map manual over 'data'):
+replica r verifies B / D rows of its own N / D slots - its fill's top-B / D over them, its
+rows' attention over its own KV, no collective over 'data' and 1/D of the step's FLOPs per
+device (the mesh tests check both). The planner's budget B is the sum over the replicas. So
+that B / D rows hold every decoding slot of the busiest replica, the scheduler admits each
+request to the least-loaded replica and the engine sizes B by the busiest one
+(scheduler.rows_needed); decode buckets round up to multiples of D. Prefill and drafting
+stay one GSPMD program over all slots. The Pallas kernels do not run under shard_map yet
+(engine.py refuses a multi-device GPU mesh without the reference ops).
 `assemble_target` builds the placed leaves from per-shard reads
 (checkpoint.qwen3.load_qwen3_sharded: Engine.from_pretrained on a mesh).
 
@@ -115,6 +114,14 @@ def leaf_paths(state) -> list[str]:
             for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
 
 
+def _spec(ndim: int, axis: int | None, name: str) -> P:
+    """A PartitionSpec of `ndim` entries splitting `axis` (None: none) over mesh axis `name`."""
+    spec = [None] * ndim
+    if axis is not None:
+        spec[axis] = name
+    return P(*spec)
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshLayout:
     """The shardings of one engine's arrays over `mesh` (see the module docstring)."""
@@ -168,10 +175,7 @@ class MeshLayout:
         return self.replicated if self.spans_processes else self.slot_rows
 
     def _on(self, ndim: int, axis: int | None, name: str) -> NamedSharding:
-        spec = [None] * ndim
-        if axis is not None:
-            spec[axis] = name
-        return NamedSharding(self.mesh, P(*spec))
+        return NamedSharding(self.mesh, _spec(ndim, axis, name))
 
     # --- parameters ---------------------------------------------------------------------
 
@@ -253,18 +257,41 @@ class MeshLayout:
         spec = P(None, DATA, None, MODEL, None)
         return KVCache(NamedSharding(self.mesh, spec), NamedSharding(self.mesh, spec))
 
-    def slot_shardings(self, tree, num_slots: int):
-        """Per-slot pytrees (SlotState, a drafter's cache, per-slot outputs): KV caches
-        [L, N, S, G, D] and arrays whose leading axis is N split N over 'data'; anything
-        else (a drafter's global statistics) replicated. A replicated drafter keeps its KV
-        heads whole on every 'model' device."""
+    def slot_specs(self, tree, num_slots: int):
+        """Per-slot pytrees (SlotState, a drafter's cache, per-slot outputs) -> a PartitionSpec
+        per leaf: KV caches [L, N, S, G, D] and arrays whose leading axis is N split N over
+        'data'; anything else (a drafter's global statistics) replicated. A replicated
+        drafter keeps its KV heads whole on every 'model' device."""
         def rule(x):
             if isinstance(x, KVCache):
-                return KVCache(*(self._on(5, 1, DATA),) * 2)
+                return KVCache(*(_spec(5, 1, DATA),) * 2)
             if np.ndim(x) >= 1 and np.shape(x)[0] == num_slots:
-                return self._on(np.ndim(x), 0, DATA)
-            return self.replicated
+                return _spec(np.ndim(x), 0, DATA)
+            return P()
         return jax.tree.map(rule, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+    def slot_shardings(self, tree, num_slots: int):
+        """`slot_specs` as NamedShardings."""
+        return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
+                            self.slot_specs(tree, num_slots),
+                            is_leaf=lambda x: isinstance(x, P))
+
+    # --- one replica's share of a step --------------------------------------------------
+
+    @property
+    def replicas(self) -> int:
+        """D: the data-parallel replicas; replica r holds slots [r N/D, (r+1) N/D)."""
+        return self.mesh.shape[DATA]
+
+    def per_replica(self, fn: Callable, in_specs, out_specs) -> Callable:
+        """`fn` run by each replica on its own slots (jax.shard_map, manual over 'data'
+        only: 'model' stays with GSPMD, so tensor parallelism inside is unchanged). Specs
+        name 'data' alone (`slot_specs`; P() for what every replica holds whole). Not
+        checked for varying values (check_vma): the model's loops start from constants, so
+        `fn` must itself keep a P() output the same on every replica."""
+        manual = frozenset({DATA}) if self.mesh.shape[MODEL] > 1 else frozenset()
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                             axis_names=manual, check_vma=False)
 
     def allocate(self, make: Callable[[], Any], shardings_of: Callable[[Any], Any]):
         """Runs `make` (zeros) straight into its shardings: a cache is never whole on one

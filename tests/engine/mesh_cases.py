@@ -61,7 +61,8 @@ def scenarios(seed: int, count: int, vocab: int):
 
 
 class Recorder:
-    """A step observer keeping each decode step's plan and per-slot verified rows."""
+    """A step observer keeping each decode step's plan and, per slot, the drafts verified and
+    the tokens emitted (a slot the step verified emits at least one)."""
 
     def __init__(self):
         self.plans = []
@@ -69,7 +70,8 @@ class Recorder:
     def __call__(self, event) -> None:
         if event.readback is not None:
             self.plans.append((event.record.verify_rows, event.record.draft_depth,
-                               event.readback[:, event.columns.verified].tolist()))
+                               event.readback[:, event.columns.verified].tolist(),
+                               event.readback[:, event.columns.emitted].tolist()))
 
 
 def serve(engine: Engine, recorder: Recorder, requests, abort):
@@ -97,13 +99,22 @@ def recorded(engine: Engine) -> Recorder:
     return recorder
 
 
-def check_served(label: str, policy: str, got, want) -> None:
+def check_served(label: str, policy: str, got, want, replicas: int = 1) -> None:
     """One scenario served on a layout, (outputs, plans), against the single-device engine's:
-    the same tokens and finish reasons; for dynamic also the same plans and verified rows per
-    slot (the fill's top-B is global over the slots)."""
+    the same tokens and finish reasons. Without data parallelism the fill's top-B is global
+    over the slots as on one device, so dynamic engines must also make the same plans and
+    verify the same rows per slot. With D replicas each verifies its own B / D rows (and the
+    slots are spread over the replicas): no replica may use more."""
     (out, plans), (want_out, want_plans) = got, want
     for rid in want_out:
         check(out.get(rid) == want_out[rid], f"{label} {rid}: {out.get(rid)} != {want_out[rid]}")
-    if policy == "dynamic":
+    if replicas > 1:
+        for step, (rows, _, verified, emitted) in enumerate(plans):
+            used = [(v + 1) * (e > 0) for v, e in zip(verified, emitted)]  # [N] rows per slot
+            per = len(used) // replicas
+            most = max(sum(used[r * per:(r + 1) * per]) for r in range(replicas))
+            check(most <= rows // replicas,
+                  f"{label} step {step}: a replica verified {most} rows of {rows} // {replicas}")
+    elif policy == "dynamic":
         check(plans == want_plans, f"{label}: plans or verified rows differ from the "
                                    "single-device engine's")

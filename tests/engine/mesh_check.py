@@ -6,12 +6,14 @@ On the shipped tiny pair in float32 (target: 4 query heads, 2 KV heads), plain, 
 dynamic engines at TP=2, TP=4 (KV heads replicated), DP=2 and TP=2 x DP=2 (an explicit mesh
 on the last four devices) serve the same randomised scenarios (prompts, lengths, staggered
 arrivals, an abort) as the single-device engine of the same policy, which must match token
-for token, with the same finish reasons; the dynamic engines, given the same cost tables and
-no online refresh, must also plan the same steps and verify the same rows per slot (the fill's
-top-B is global over the slots). Every engine serves with forbid_recompile. Also: the fill on
-slot-sharded inputs, per-device bytes against the shardings, the collectives of the
-largest verify step (per layer: the body of the scan over the layers), and configuration
-errors.
+for token, with the same finish reasons. Without data parallelism, the dynamic engines, given
+the same cost tables and no online refresh, must also plan the same steps and verify the same
+rows per slot (the fill's top-B is global over the slots); with it, no replica may verify
+more than its B / D rows. Every engine serves with forbid_recompile. Also: each replica's
+fill on its own slots, the n-gram, draft-LM and DFlash drafters at DP=2 against plain
+decoding, the bucket floor of an unbalanced DP batch, per-device bytes against
+the shardings, the collectives and per-device FLOPs of the largest verify step (per layer:
+the body of the scan over the layers), and configuration errors.
 
 Prints one JSON line (the summary) last; exits 1 if any check failed.
 """
@@ -33,7 +35,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from lightspec_jax import Engine, EngineConfig, SpeculativeConfig  # noqa: E402
+from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig  # noqa: E402
 from lightspec_jax.assets import tiny_pair  # noqa: E402
 from lightspec_jax.checkpoint import convert_qwen3, load_qwen3, load_qwen3_placed  # noqa: E402
 from lightspec_jax.engine.sharding import (MODEL, hlo_collectives, leaf_paths,  # noqa: E402
@@ -93,12 +95,31 @@ def main() -> int:
             recorder = recorded(engine)
             for i, case in enumerate(cases):
                 check_served(f"{name}/{policy} case {i}", policy,
-                             serve(engine, recorder, *case), want[policy][i])
+                             serve(engine, recorder, *case), want[policy][i],
+                             replicas=engine.runner.replicas)
             summary["seconds"][f"{name}/{policy}"] = round(time.perf_counter() - t0, 2)
             if policy == "plain":
                 summary["bytes"][name] = measure_bytes(name, engine)
             if policy == "static":
                 summary["hlo"][name] = collectives(engine)
+    summary["hlo"]["single"] = collectives(ref["static"])
+    # Every other drafter splits over the replicas too (the n-gram drafter's global hit
+    # statistics stay out of the verify step): dynamic at DP=2 equals plain decoding.
+    for method, path in (("ngram", None), ("draft_lm", pair.draft_lm), ("dflash", pair.dflash)):
+        t0 = time.perf_counter()
+        spec = SpeculativeConfig(policy="dynamic", num_speculative_tokens=K,
+                                 method="ngram" if path is None else None)
+        config = EngineConfig(**BASE, **layout_config("dp2"), speculative=spec,
+                              verify_buckets=(4, 8, 12), cost_table_path=cost_path,
+                              refresh_costs=False)
+        engine = Engine.from_pretrained(pair.target, path, config=config)
+        for i, case in enumerate(cases[:2]):
+            got_out, _ = serve(engine, recorded(engine), *case)
+            for rid, (tokens, reason) in want["plain"][i][0].items():
+                if reason != "abort" and got_out[rid][1] != "abort":
+                    check(got_out[rid] == (tokens, reason), f"dp2/{method} case {i} {rid} "
+                                                            "differs from plain decoding")
+        summary["seconds"][f"dp2/{method}"] = round(time.perf_counter() - t0, 2)
     # The start-up cost sweep and the online refresh on a mesh: plans follow measured times
     # now, so only the outputs must match.
     t0 = time.perf_counter()
@@ -156,6 +177,7 @@ def main() -> int:
               "a bfloat16 converted checkpoint restored sharded as float32 differs")
     summary["seconds"]["tp2/converted-load"] = round(time.perf_counter() - t0, 2)
     summary["fill"] = check_fill()
+    summary["floor_rows"] = check_floor(model, ref["plain"].eos_token_ids)
     summary["errors"] = check_errors(model)
     summary["seconds"]["total"] = round(time.perf_counter() - started, 2)
     summary["failures"] = failures
@@ -187,34 +209,76 @@ def collectives(engine: Engine) -> dict:
     target's layers (per layer), and the shapes all-gathered."""
     registry = engine.runner.decode_registry
     key = max(registry._compiled, key=lambda k: k[0])
-    found = hlo_collectives(registry._compiled[key].as_text(),
-                            trip_count=engine.model.config.num_layers)
+    compiled = registry._compiled[key]
+    found = hlo_collectives(compiled.as_text(), trip_count=engine.model.config.num_layers)
+    cost = compiled.cost_analysis()  # of one device's partitioned module
+    cost = cost[0] if isinstance(cost, list) else cost
     return dict(counts=found["module"], per_layer=found["loop"],
-                all_gather_shapes=found["shapes"].get("all-gather", [])[:12])
+                all_gather_shapes=found["shapes"].get("all-gather", [])[:12],
+                flops_per_device=float(cost.get("flops", -1.0)))
 
 
 def check_fill() -> str:
-    """The fill's top-B on slot-sharded inputs (4 x 2 mesh) equals the single-device one."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    """Each data-parallel replica's fill (a 4 x 2 mesh: four replicas, TP=2 inside) takes its
+    top-B/D over its own slots: on every replica, the single-device fill of its slice, with
+    slots numbered within it (its row_slot N/D on padding)."""
+    from functools import partial
 
+    from jax.sharding import PartitionSpec as P
+
+    from lightspec_jax.engine.scheduler import replica_loads
+    from lightspec_jax.engine.sharding import DATA, MeshLayout
     from lightspec_jax.pallas_kernels import fill
 
-    mesh = make_mesh(tensor_parallel_size=2, data_parallel_size=4)
+    layout = MeshLayout(make_mesh(tensor_parallel_size=2, data_parallel_size=4), kv_repeat=1)
     rng = np.random.default_rng(0)
-    n, k = 8, 5
-    fill_jit = jax.jit(fill, static_argnames=("num_rows",))
+    n, k, d = 8, 5, 4
+    per = n // d
     for trial in range(6):
         conf = rng.random((n, k)).astype(np.float32)
         plen = rng.integers(0, k + 1, n).astype(np.int32)
         active = rng.random(n) < 0.8
-        rows = int(active.sum()) + int(rng.integers(0, n * k // 2 + 1))
-        one = fill_jit(conf, plen, active, num_rows=rows)
-        on_data = NamedSharding(mesh, P("data"))
-        sharded = fill_jit(*jax.device_put((conf, plen, active), on_data), num_rows=rows)
-        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(sharded)):
-            check(np.array_equal(np.asarray(a), np.asarray(b)),
-                  f"fill trial {trial}: the slot-sharded layout differs")
-    return "checked 6 fills"
+        rows = int(replica_loads(active, d).max()) + int(rng.integers(0, per * k // 2 + 1))
+        split = jax.jit(layout.per_replica(partial(fill, num_rows=rows), in_specs=(P(DATA),) * 3,
+                                           out_specs=P(DATA)))(conf, plen, active)
+        for r in range(d):
+            mine = slice(r * per, (r + 1) * per)
+            one = fill(conf[mine], plen[mine], active[mine], num_rows=rows)
+            for name, a, b in zip(one._fields, one, split):
+                part = np.asarray(b)[r * len(a):(r + 1) * len(a)]
+                check(np.array_equal(np.asarray(a), part),
+                      f"fill trial {trial}, replica {r}: {name} differs from its slice's fill")
+    return "checked 6 fills on 4 replicas"
+
+
+def check_floor(model, eos) -> list[int]:
+    """Requests land on the least-loaded replica, and the decode bucket gives the busiest one
+    a row per request: on DP=2 with four slots, four requests take slots 0, 2, 1, 3; with the
+    two on replica 1 aborted, the two left on replica 0 need B = 4 (2 rows each side), though
+    plain decoding of two requests alone would pick B = 2. Returns the plans' rows."""
+    engine = Engine(model, config=EngineConfig(**BASE, data_parallel_size=2),
+                    eos_token_ids=eos)
+    recorder = recorded(engine)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    for i in range(4):
+        engine.add_request(f"r{i}", [3 + i, 5, 7], params)
+    engine.step()
+    check([engine.scheduler.running[s].request_id for s in range(4)] == ["r0", "r2", "r1", "r3"],
+          f"slots were not spread over the replicas: {engine.scheduler.owner}")
+    engine.abort("r1")
+    engine.abort("r3")
+    recorder.plans = []
+    outputs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = len(out.token_ids)
+    rows = [plan[0] for plan in recorder.plans]
+    check({r: outputs.get(r) for r in ("r0", "r2")} == {"r0": 12, "r2": 12},
+          f"floor scenario: {outputs}")
+    check(bool(rows) and all(r == 4 for r in rows),
+          f"two requests on one replica of DP=2 were verified with rows {rows}, not 4")
+    return rows
 
 
 def check_errors(model) -> list[str]:

@@ -11,10 +11,11 @@ Checks, on the shipped tiny pair in float32, over randomised scenarios (prompts,
 staggered arrivals, an abort each):
 * plain, static and dynamic engines with data parallelism across the processes (DP=2), the
   dynamic one with fixed cost tables: process 0 checks every output against a single-device
-  engine of the same policy it runs on its own, and the dynamic plans too; a DSpark-style
+  engine of the same policy it runs on its own, and that no replica verified more than its
+  B / 2 rows (both processes must make the same plans: the test compares them); a DSpark-style
   engine (plans from the verified confidences) against plain decoding;
-* a dynamic engine with tensor parallelism across the processes (TP=2) with the start-up sweep and the online cost refresh - plans that follow each
-  process's measured times - where only process 1 holds a stored cost table: it must sweep
+* a dynamic engine with tensor parallelism across the processes (TP=2) with the start-up
+  sweep and the online cost refresh - plans that follow each process's measured times - where only process 1 holds a stored cost table: it must sweep
   with process 0 (the sweep's steps are collectives) and take process 0's tables and plans.
 Prints one JSON line (its outputs and plans; the test compares the two processes') last.
 """
@@ -99,7 +100,8 @@ def main() -> int:
         config = EngineConfig(**BASE, **policy_config(policy, fixed), data_parallel_size=2)
         got = served(f"dp2/{policy}", config, policy, 2)
         for i, served_case in enumerate(got if leader else ()):
-            check_served(f"dp2/{policy} case {i}", policy, served_case, want[policy][i])
+            check_served(f"dp2/{policy} case {i}", policy, served_case, want[policy][i],
+                         replicas=2)
 
     # The DSpark-style policy plans from the verified confidences each process reads back.
     got = served("dp2/dspark", EngineConfig(**BASE, **policy_config("dspark", fixed),

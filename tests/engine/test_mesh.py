@@ -3,8 +3,9 @@
 XLA_FLAGS=--xla_force_host_platform_device_count=8 only takes effect before jax starts, and
 the rest of the suite runs on one device in this process, so the multi-device checks run in
 one child process (mesh_check.py: engines at TP=2, TP=4, DP=2 and TP=2 x DP=2 against the
-single-device ones, the fill on sharded slots, per-device bytes, the collectives per layer of
-the compiled verify step, configuration errors), whose JSON summary is checked here. What
+single-device ones, each replica's fill on its own slots, the bucket floor of an unbalanced
+DP batch, per-device bytes, the collectives and per-device FLOPs of the compiled verify step,
+configuration errors), whose JSON summary is checked here. What
 needs no second device runs in this process.
 """
 
@@ -43,6 +44,17 @@ def test_mesh_serving_equals_single_device():
         # no other collective inside the scan over the layers.
         per_layer = summary["hlo"][name]["per_layer"]
         assert per_layer == {**dict.fromkeys(per_layer, 0), "all-reduce": 2}, (name, per_layer)
+    hlo = summary["hlo"]
+    # Data parallelism splits the verify work: each replica runs its own B / D rows against
+    # its own slots' KV, so at DP=2 the step needs no collective at all and each device does
+    # half the single device's FLOPs (the flat replicated batch did all of them, with an
+    # all-reduce per layer to gather the KV of rows whose slots lay on the other replica).
+    assert not any(hlo["dp2"]["counts"].values()), hlo["dp2"]
+    assert hlo["tp2xdp2"]["per_layer"] == hlo["tp2"]["per_layer"], hlo["tp2xdp2"]
+    for name, whole in (("dp2", "single"), ("tp2xdp2", "tp2")):
+        assert 0 < hlo[name]["flops_per_device"] <= 0.55 * hlo[whole]["flops_per_device"], (
+            name, hlo[name]["flops_per_device"], whole, hlo[whole]["flops_per_device"])
+    assert summary["floor_rows"] and set(summary["floor_rows"]) == {4}, summary["floor_rows"]
     tp4 = summary["bytes"]["tp4"]  # 4 devices > 2 KV heads: each head on two devices
     assert tp4["kv_repeat"] == 2 and tp4["kv_heads"] == 4
     assert tp4["kv_per_device"] == tp4["kv_whole"] // 2
