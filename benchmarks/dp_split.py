@@ -5,9 +5,10 @@
 For each layout (one device, DP=2, DP=4; the shipped pair, float32, static K=3 with verify
 buckets 16 / 32 / 64, and plain decoding):
 
-  step      per verify bucket, the compiled decode step's FLOPs per device (XLA's
-            cost_analysis of one device's partitioned module) and its collectives, in all and
-            per layer (sharding.hlo_collectives over the scan's body);
+  step      per verify bucket, and for the largest prefill bucket and the deepest draft
+            step, the compiled step's FLOPs per device (XLA's cost_analysis of one device's
+            partitioned module) and its collectives, in all and per layer
+            (sharding.hlo_collectives over the scan's body);
   serving   tokens per second generating `--slots` seeded prompts x 48 tokens (EOS ignored),
             best of `--repeats`, the layouts interleaved within each repeat.
 
@@ -50,19 +51,28 @@ def build(layout: str, policy: str, slots: int):
     return Engine.from_pretrained(pair.target, pair.drafter if spec else None, config=config)
 
 
-def step_report(engine) -> dict:
+def _one(compiled, num_layers: int) -> dict:
     from lightspec_jax.engine.sharding import hlo_collectives
 
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    found = hlo_collectives(compiled.as_text(), trip_count=num_layers)
+    return dict(mflops_per_device=round(float(cost["flops"]) / 1e6, 1),
+                collectives={op: n for op, n in found["module"].items() if n},
+                per_layer={op: n for op, n in (found["loop"] or {}).items() if n})
+
+
+def step_report(engine) -> dict:
+    """Per verify bucket (greedy), the largest prefill bucket and the deepest draft step."""
+    runner, layers = engine.runner, engine.model.config.num_layers
     out = {}
-    registry = engine.runner.decode_registry
-    for key, compiled in sorted(registry._compiled.items(), key=lambda kv: kv[0][0]):
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        found = hlo_collectives(compiled.as_text(), trip_count=engine.model.config.num_layers)
-        out[str(key[0])] = dict(
-            mflops_per_device=round(float(cost["flops"]) / 1e6, 1),
-            collectives={op: n for op, n in found["module"].items() if n},
-            per_layer={op: n for op, n in (found["loop"] or {}).items() if n})
+    for key, compiled in sorted(runner.decode_registry._compiled.items()):
+        if key[1] == 0:
+            out[f"verify B={key[0]}"] = _one(compiled, layers)
+    key = max(runner.prefill_registry._compiled)
+    out[f"prefill T={key[0]}"] = _one(runner.prefill_registry._compiled[key], layers)
+    depth = max(runner.draft_registry._compiled)
+    out[f"draft d={depth}"] = _one(runner.draft_registry._compiled[depth], layers)
     return out
 
 

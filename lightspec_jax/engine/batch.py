@@ -120,13 +120,17 @@ class PrefillInputs(NamedTuple):
     sample_slot: np.ndarray  # [C] i32: its slot; N on padding
 
     @classmethod
-    def empty(cls, rows: int, num_slots: int) -> "PrefillInputs":
-        completing = min(rows, num_slots)
-        return cls(row_slot=np.full((rows,), num_slots, np.int32),
+    def empty(cls, rows: int, num_slots: int, replicas: int = 1) -> "PrefillInputs":
+        """All padding. With D data-parallel replicas the arrays are D blocks, one per
+        replica (rows / D rows, up to min(rows, N) / D completing prompts), whose slots and
+        sample rows count within the replica (its N / D slots; padding N / D)."""
+        local = num_slots // replicas
+        completing = min(rows // replicas, local) * replicas
+        return cls(row_slot=np.full((rows,), local, np.int32),
                    row_pos=np.zeros((rows,), np.int32), row_token=np.zeros((rows,), np.int32),
                    row_next_token=np.zeros((rows,), np.int32),
                    sample_row=np.zeros((completing,), np.int32),
-                   sample_slot=np.full((completing,), num_slots, np.int32))
+                   sample_slot=np.full((completing,), local, np.int32))
 
 
 class Readback(NamedTuple):

@@ -66,6 +66,7 @@ class _InFlight:
     owners: list  # slot -> request at dispatch
     completing: list  # requests whose first token the prefill samples, in sample order
     first_tokens: object  # device [C] or None
+    first_index: np.ndarray | None  # where each completing request's token is in first_tokens
     readback: object  # device [N, K+1+5] or None
     confidence: object  # device [N, K] or None
     plan: StepPlan | None
@@ -157,19 +158,26 @@ class Engine:
         # Verify rows write up to K past seq_len and drafting up to K more.
         cache_len = _cache_len(config.max_model_len + 2 * k)
         self.mesh = engine_mesh(config)
-        layout = None
+        prefill_buckets, layout = config.buckets, None
         if self.mesh is not None:
             layout = MeshLayout.for_target(self.mesh, model.config, num_slots=n)
             _check_mesh_ops(self.mesh)
-            # Each data-parallel replica verifies B / D rows: buckets round up to multiples.
+            # Each data-parallel replica takes T / D prompt rows and B / D verify rows of its
+            # own slots: buckets round up to multiples of D.
             r = layout.replicas
-            self.decode_buckets = decode_buckets = tuple(sorted({-(-b // r) * r
-                                                                 for b in decode_buckets}))
+            if config.max_num_batched_tokens < r:
+                raise ValueError(f"max_num_batched_tokens ({config.max_num_batched_tokens}) "
+                                 f"must be at least the data parallel size ({r}): each "
+                                 "replica prefills its share of it")
+            prefill_buckets, decode_buckets = (tuple(sorted({-(-b // r) * r for b in sizes}))
+                                               for sizes in (prefill_buckets, decode_buckets))
+            self.decode_buckets = decode_buckets
         # Over several processes, process 0 decides what follows measured times (multihost.py).
         lockstep = Lockstep() if layout is not None and layout.spans_processes else None
         start = time.perf_counter()
         self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=cache_len, max_depth=k,
-                                  prefill_buckets=config.buckets, decode_buckets=decode_buckets,
+                                  prefill_buckets=prefill_buckets,
+                                  decode_buckets=decode_buckets,
                                   draft_depths=depths, verifier=verifier,
                                   show_progress=config.show_progress, layout=layout,
                                   precompile_sampling=config.precompile_sampling,
@@ -192,7 +200,7 @@ class Engine:
             where = (jax.default_backend() if self.mesh is None else
                      f"a {dict(self.mesh.shape)} {jax.default_backend()} mesh")
             print(f"lightspec_jax: {model.dtype}{auto} on {where}; compiled "
-                  f"{len(config.buckets)} prefill buckets {list(config.buckets)} and "
+                  f"{len(prefill_buckets)} prefill buckets {list(prefill_buckets)} and "
                   f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
                   f"{self.compile_seconds:.1f} s")
         self.planner = self.cost_profile = self._feedback = self._shared_plans = None
@@ -387,7 +395,7 @@ class Engine:
         if batch.writes:
             self.verifier.admit(np.array([s for s, r in batch.writes if r is not None], int))
             runner.write(batch.writes)
-        first = runner.prefill(batch.prefills) if batch.prefills else None
+        first, where = runner.prefill(batch.prefills) if batch.prefills else (None, None)
         plan = readback = conf = None
         # The previous decode still running means the device is busy: no idle gap before this.
         busy = self._last_readback is not None and not self._last_readback.is_ready()
@@ -402,7 +410,8 @@ class Engine:
             self._last_readback = readback
         return _InFlight(owners=list(scheduler.owner),
                          completing=[c.request for c in batch.prefills if c.completes_prompt],
-                         first_tokens=first, readback=readback, confidence=conf, plan=plan,
+                         first_tokens=first, first_index=where, readback=readback,
+                         confidence=conf, plan=plan,
                          with_proposal=batch.with_proposal, prefill_rows=batch.prefill_rows,
                          context_len=batch.context_len,
                          busy_at_enqueue=busy, dispatched_at=time.perf_counter())
@@ -447,7 +456,8 @@ class Engine:
         start = time.perf_counter()
         last = flight.readback if flight.readback is not None else flight.first_tokens
         waited = last is not None and not last.is_ready()
-        first = [] if flight.first_tokens is None else np.asarray(flight.first_tokens).tolist()
+        first = ([] if flight.first_tokens is None
+                 else np.asarray(flight.first_tokens)[flight.first_index].tolist())
         readback = None if flight.readback is None else np.asarray(flight.readback)
         ready = time.perf_counter()
         wait_ms = 1e3 * (ready - start)

@@ -13,6 +13,10 @@ A steady-state engine step dispatches a decode executable (and a draft one, unle
 drafts nothing) and reads back one packed array, whose copy to the host starts as soon as the
 step is dispatched. Neither executable waits on the host or makes it wait: the host's next
 step overlaps the device's work.
+
+On a mesh with D data-parallel replicas, the prefill, decode and draft executables run each
+replica on its own slots (sharding.MeshLayout.per_replica): T / D prompt rows and B / D
+verify rows apiece, laid out by replica.
 """
 
 from __future__ import annotations
@@ -102,51 +106,66 @@ class ModelRunner:
         def merge(leaves):
             return nnx.merge(graphdef, jax.tree.unflatten(t_treedef, leaves))
 
+        self.replicas = replicas = 1 if layout is None else layout.replicas
+        for what, sizes in (("prefill", prefill_buckets), ("decode", decode_buckets)):
+            if any(b % replicas for b in sizes):
+                raise ValueError(f"{what} buckets {list(sizes)} must be multiples of the data "
+                                 f"parallel size {replicas}: each replica takes B / D rows")
+
+        if replicas > 1:  # what each replica holds of the per-slot arrays: its own slots
+            slots = lambda tree: layout.slot_specs(tree, n)  # noqa: E731
+            mine = (slots(self.cache), slots(self.dcache), slots(self.state))
+            # A drafter's global statistics (the n-gram hit rates) are whole on every replica.
+            shared = [spec == P() for spec in jax.tree.leaves(
+                mine[1], is_leaf=lambda x: isinstance(x, P))]
+
+        def per_replica(fn, inputs_spec, outputs_spec):
+            """`fn` (t_leaves, d_leaves, cache, dcache, state, inputs) -> (cache, dcache,
+            state, *outputs) run by each data-parallel replica on its own slots and rows
+            (MeshLayout.per_replica); as it is on one replica."""
+            if replicas == 1:
+                return fn
+
+            def one_replica(t_leaves, d_leaves, cache, dcache, state, inputs):
+                out = fn(t_leaves, d_leaves, cache, dcache, state, inputs)
+                # What every replica holds whole must leave the step as it came: a replica's
+                # own update would part the copies.
+                for same, a, b in zip(shared, jax.tree.leaves(dcache), jax.tree.leaves(out[1])):
+                    if same and a is not b:
+                        raise NotImplementedError(
+                            f"{type(drafter).__name__} updates its global state in a step "
+                            "that data parallelism splits over the replicas")
+                return out
+            return layout.per_replica(one_replica, in_specs=(P(), P(), *mine, inputs_spec),
+                                      out_specs=(*mine, *outputs_spec))
+
         def prefill_fn(mode):
+            # Each replica prefills its own slots' prompt rows (T / D of them: Scheduler
+            # splits the row budget, `prefill` lays the rows out per replica).
             def fn(t_leaves, d_leaves, cache, dcache, state, inputs):
                 return step.prefill(merge(t_leaves), drafter, d_leaves, cache, dcache, state,
                                     inputs, mode=mode, row_tile=row_tile)
-            return fn
-
-        self.replicas = replicas = 1 if layout is None else layout.replicas
-        if any(b % replicas for b in decode_buckets):
-            raise ValueError(f"decode buckets {list(decode_buckets)} must be multiples of the "
-                             f"data parallel size {replicas}: each replica verifies B / D rows")
+            return per_replica(fn, P(DATA), (P(DATA),))
 
         def decode_fn(rows, mode):
-            # With D data-parallel replicas each verifies B / D rows of its own N / D slots,
-            # its fill's top-B / D taken over them (the engine sizes B so that every
-            # replica's decoding slots get their rows: scheduler.rows_needed).
+            # Each replica verifies B / D rows of its own N / D slots, its fill's top-B / D
+            # taken over them (the engine sizes B so that every replica's decoding slots get
+            # their rows: scheduler.rows_needed).
             def fn(t_leaves, d_leaves, cache, dcache, state, extra):
                 return step.decode(merge(t_leaves), drafter, verifier, d_leaves, cache, dcache,
                                    state, extra, num_rows=rows // replicas, mode=mode,
                                    row_tile=row_tile)
-            if replicas == 1:
-                return fn
-            slots = lambda tree: layout.slot_specs(tree, n)  # noqa: E731
-            mine = (slots(self.cache), slots(self.dcache), slots(self.state))
-            shared = [spec == P() for spec in jax.tree.leaves(
-                mine[1], is_leaf=lambda x: isinstance(x, P))]
-
-            def one_replica(t_leaves, d_leaves, cache, dcache, state, extra):
-                out = fn(t_leaves, d_leaves, cache, dcache, state, extra)
-                # What every replica holds whole (a drafter's global statistics) must leave
-                # the verify step as it came: a replica's own update would part the copies.
-                for same, a, b in zip(shared, jax.tree.leaves(dcache), jax.tree.leaves(out[1])):
-                    if same and a is not b:
-                        raise NotImplementedError(
-                            f"{type(drafter).__name__} updates its global state in the verify "
-                            "step, which data parallelism cannot split over replicas")
-                return out
-            return layout.per_replica(
-                one_replica, in_specs=(P(), P(), *mine, slots(verifier.empty_inputs(n, k))),
-                out_specs=(*mine, P(DATA), P(DATA)))
+            extra_spec = None if replicas == 1 else layout.slot_specs(
+                verifier.empty_inputs(n, k), n)
+            return per_replica(fn, extra_spec, (P(DATA), P(DATA)))
 
         def draft_fn(depth):
             def fn(embed, d_leaves, dcache, state):
                 return step.draft(embed, drafter, verifier, d_leaves, dcache, state,
                                   depth=depth)
-            return fn
+            if replicas == 1 or any(shared):  # global statistics: one program over all slots
+                return fn
+            return layout.per_replica(fn, in_specs=(P(), P(), *mine[1:]), out_specs=mine[1:])
 
         self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
         self.decode_registry = BucketRegistry("decode step", decode_buckets)
@@ -165,7 +184,7 @@ class ModelRunner:
             for t in self.prefill_registry.sizes:
                 self.prefill_registry.define(
                     (t, mode), prefill_fn(mode), t_abs, d_abs, cache_abs, dcache_abs, state_abs,
-                    spec(PrefillInputs.empty(t, n)), lazy=lazy,
+                    spec(PrefillInputs.empty(t, n, replicas)), lazy=lazy,
                     **jit_kwargs("prefill", donate_argnames=donate))
             for b in self.decode_registry.sizes:
                 self.decode_registry.define((b, mode), decode_fn(b, mode), t_abs, d_abs,
@@ -206,7 +225,7 @@ class ModelRunner:
         for key in self.prefill_registry.compiled:
             self.cache, self.dcache, self.state, _ = self.prefill_registry(
                 key, self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state,
-                PrefillInputs.empty(key[0], n))
+                PrefillInputs.empty(key[0], n, self.replicas))
         extra = self.verifier.empty_inputs(n, self.max_depth)
         decodes = self.decode_registry.compiled
         for rows, mode in decodes:
@@ -259,31 +278,44 @@ class ModelRunner:
                 rows.remaining[i] = request.allowance
         self.state = self.write_registry(len(rows.slot), self.state, rows)
 
-    def prefill(self, chunks: tuple[PrefillChunk, ...]) -> jax.Array:
-        """Dispatches prompt chunks; returns the completing prompts' first tokens [C]."""
-        rows = self.prefill_registry.pick(sum(c.length for c in chunks))
+    def prefill(self, chunks: tuple[PrefillChunk, ...]) -> tuple[jax.Array, np.ndarray]:
+        """Dispatches prompt chunks -> (first tokens [C] on the device, where each completing
+        chunk's token sits in it [completing chunks], in `chunks` order).
+
+        With D data-parallel replicas the rows are D blocks of T / D (PrefillInputs.empty):
+        each replica's chunks go to its own block, its slots counted within it."""
+        d, per = self.replicas, self.num_slots // self.replicas
+        held = np.zeros(d, int)  # prompt rows per replica
+        for chunk in chunks:
+            held[chunk.request.slot // per] += chunk.length
+        rows = self.prefill_registry.pick(d * int(held.max()))
         mode = max((c.request.params.sample_mode for c in chunks if c.completes_prompt),
                    default=SampleMode.GREEDY)
-        inputs = PrefillInputs.empty(rows, self.num_slots)
-        row = completing = 0
+        inputs = PrefillInputs.empty(rows, self.num_slots, d)
+        width, samples = rows // d, len(inputs.sample_row) // d  # each replica's block
+        row = np.arange(d) * width  # next free row of each replica's block
+        completing = np.arange(d) * samples  # next free sample of each
+        where = []
         for chunk in chunks:
-            request, end = chunk.request, row + chunk.length
-            stop = chunk.start + chunk.length
-            inputs.row_slot[row:end] = request.slot
-            inputs.row_pos[row:end] = np.arange(chunk.start, stop)
-            inputs.row_token[row:end] = request.prompt_token_ids[chunk.start:stop]
+            request = chunk.request
+            r, slot = divmod(request.slot, per)
+            start, end, stop = row[r], row[r] + chunk.length, chunk.start + chunk.length
+            inputs.row_slot[start:end] = slot
+            inputs.row_pos[start:end] = np.arange(chunk.start, stop)
+            inputs.row_token[start:end] = request.prompt_token_ids[chunk.start:stop]
             nxt = request.prompt_token_ids[chunk.start + 1:stop + 1]  # x_{p+1} where known
-            inputs.row_next_token[row:row + len(nxt)] = nxt
+            inputs.row_next_token[start:start + len(nxt)] = nxt
             if chunk.completes_prompt:
-                inputs.sample_row[completing] = end - 1
-                inputs.sample_slot[completing] = request.slot
-                completing += 1
-            row = end
+                inputs.sample_row[completing[r]] = end - 1 - r * width
+                inputs.sample_slot[completing[r]] = slot
+                where.append(completing[r])
+                completing[r] += 1
+            row[r] = end
         self.cache, self.dcache, self.state, tokens = self.prefill_registry(
             (rows, SampleMode(mode)), self._t_leaves, self._d_leaves, self.cache, self.dcache,
             self.state, inputs)
         tokens.copy_to_host_async()
-        return tokens
+        return tokens, np.array(where, int)
 
     def decode(self, rows: int, depth: int, extra=(), mode: int = SampleMode.GREEDY
                ) -> tuple[jax.Array, jax.Array]:

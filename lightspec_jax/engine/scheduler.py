@@ -11,7 +11,8 @@ The device decides which slots decode (batch.py); the host mirrors it one step l
 `decoding`, which can only over-count (a request the device already ended), so a decode
 bucket sized from it always holds every active slot. With D data-parallel replicas, each
 verifying B / D rows of its own slots, requests are admitted to the least-loaded replica and
-the bucket is sized by the busiest one (`rows_needed`).
+the bucket is sized by the busiest one (`rows_needed`); each replica prefills its own
+prompts in max_rows / D rows a step.
 """
 
 from __future__ import annotations
@@ -138,19 +139,22 @@ class Scheduler:
             self.sample_mode[slot] = request.params.sample_mode
             self.counters[:, slot] = 0
         # Prompt rows per step; decodes run in their own executable, sized by the planner.
-        budget = self.max_rows
+        # Each data-parallel replica prefills its own slots' prompts in its share of the rows.
+        per = self.num_slots // self.replicas
+        budget = [self.max_rows // self.replicas] * self.replicas
         prefills = []
         for request in list(self.prefilling.values()):
-            if budget <= 0:
-                break
-            length = min(request.prompt_len - request.num_prefilled, budget)
+            replica = request.slot // per
+            if budget[replica] <= 0:
+                continue
+            length = min(request.prompt_len - request.num_prefilled, budget[replica])
             chunk = PrefillChunk(request, request.num_prefilled, length)
             prefills.append(chunk)
             request.num_prefilled += length  # counted at dispatch: never scheduled twice
             if chunk.completes_prompt:  # the device activates it in this step's prefill
                 self.decoding[request.slot] = True
                 del self.prefilling[request.slot]
-            budget -= length
+            budget[replica] -= length
         writes = tuple(self._writes.items())
         self._writes.clear()
         decoding = self.decoding

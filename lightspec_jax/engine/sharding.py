@@ -24,15 +24,17 @@ every per-slot array (SlotState, the drafter's caches); the parameters are repli
 'data'. The drafter (Eagle3, draft LM, DFlash) is replicated on 'model': its caches are
 sharded over 'data' only.
 
-The verify step splits over the replicas (`per_replica`, a shard_map manual over 'data'):
-replica r verifies B / D rows of its own N / D slots - its fill's top-B / D over them, its
-rows' attention over its own KV, no collective over 'data' and 1/D of the step's FLOPs per
-device (the mesh tests check both). The planner's budget B is the sum over the replicas. So
-that B / D rows hold every decoding slot of the busiest replica, the scheduler admits each
-request to the least-loaded replica and the engine sizes B by the busiest one
-(scheduler.rows_needed); decode buckets round up to multiples of D. Prefill and drafting
-stay one GSPMD program over all slots. The Pallas kernels do not run under shard_map yet
-(engine.py refuses a multi-device GPU mesh without the reference ops).
+Each step splits over the replicas (`per_replica`, a shard_map manual over 'data', used by
+runner.py): replica r verifies B / D rows of its own N / D slots - its fill's top-B / D over
+them, its rows' attention over its own KV - prefills its own slots' prompt rows (T / D) and
+drafts for its own slots, with no collective over 'data' but the gathers of what the host
+reads, and 1/D of each step's FLOPs per device (the mesh tests check both). The planner's
+budget B is the sum over the replicas. So that B / D rows hold every decoding slot of the
+busiest replica, the scheduler admits each request to the least-loaded replica and the
+engine sizes B by the busiest one (scheduler.rows_needed); buckets round up to multiples of
+D. A drafter with global statistics (P() leaves of its cache: the n-gram hit rates) drafts
+as one GSPMD program, and may not change them in a split step. The Pallas kernels do not run
+under shard_map yet (engine.py refuses a multi-device GPU mesh without the reference ops).
 `assemble_target` builds the placed leaves from per-shard reads
 (checkpoint.qwen3.load_qwen3_sharded: Engine.from_pretrained on a mesh).
 

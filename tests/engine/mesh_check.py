@@ -206,16 +206,27 @@ def measure_bytes(name: str, engine: Engine) -> dict:
 
 def collectives(engine: Engine) -> dict:
     """Collective ops in the largest compiled verify step: in all, in the scan over the
-    target's layers (per layer), and the shapes all-gathered."""
-    registry = engine.runner.decode_registry
-    key = max(registry._compiled, key=lambda k: k[0])
-    compiled = registry._compiled[key]
-    found = hlo_collectives(compiled.as_text(), trip_count=engine.model.config.num_layers)
-    cost = compiled.cost_analysis()  # of one device's partitioned module
-    cost = cost[0] if isinstance(cost, list) else cost
-    return dict(counts=found["module"], per_layer=found["loop"],
-                all_gather_shapes=found["shapes"].get("all-gather", [])[:12],
-                flops_per_device=float(cost.get("flops", -1.0)))
+    target's layers (per layer), and the shapes all-gathered; its FLOPs per device; and the
+    same counts and FLOPs for the largest prefill step and the deepest draft step."""
+    runner = engine.runner
+
+    def largest(registry):
+        key = max(registry._compiled, key=lambda k: k[0] if isinstance(k, tuple) else k)
+        compiled = registry._compiled[key]
+        cost = compiled.cost_analysis()  # of one device's partitioned module
+        cost = cost[0] if isinstance(cost, list) else cost
+        found = hlo_collectives(compiled.as_text(), trip_count=engine.model.config.num_layers)
+        return found, float(cost.get("flops", -1.0))
+
+    found, flops = largest(runner.decode_registry)
+    out = dict(counts=found["module"], per_layer=found["loop"],
+               all_gather_shapes=found["shapes"].get("all-gather", [])[:12],
+               flops_per_device=flops)
+    for name, registry in (("prefill", runner.prefill_registry),
+                           ("draft", runner.draft_registry)):
+        found, flops = largest(registry)
+        out[name] = dict(counts=found["module"], flops_per_device=flops)
+    return out
 
 
 def check_fill() -> str:
@@ -307,6 +318,9 @@ def check_errors(model) -> list[str]:
            "num_heads=4", "num_kv_heads=2")
     expect(lambda: Engine(model, config=EngineConfig(**small, tensor_parallel_size=3)),
            "num_heads=4", "3")
+    one_row = dict(small, max_num_batched_tokens=1, row_buckets=(1,))
+    expect(lambda: Engine(model, config=EngineConfig(**one_row, data_parallel_size=2)),
+           "max_num_batched_tokens (1)", "data parallel size (2)")
     return seen
 
 

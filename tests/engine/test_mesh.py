@@ -45,15 +45,22 @@ def test_mesh_serving_equals_single_device():
         per_layer = summary["hlo"][name]["per_layer"]
         assert per_layer == {**dict.fromkeys(per_layer, 0), "all-reduce": 2}, (name, per_layer)
     hlo = summary["hlo"]
-    # Data parallelism splits the verify work: each replica runs its own B / D rows against
-    # its own slots' KV, so at DP=2 the step needs no collective at all and each device does
-    # half the single device's FLOPs (the flat replicated batch did all of them, with an
-    # all-reduce per layer to gather the KV of rows whose slots lay on the other replica).
+    # Data parallelism splits the work: each replica verifies its own B / D rows against its
+    # own slots' KV, prefills its own prompts and drafts for its own slots. At DP=2 the verify
+    # and draft steps need no collective at all, the prefill one (its first tokens, gathered
+    # for the host), and each device does half the single device's FLOPs (the flat replicated
+    # batch did all of them, with an all-reduce per layer to gather the KV of rows whose
+    # slots lay on the other replica).
     assert not any(hlo["dp2"]["counts"].values()), hlo["dp2"]
+    assert not any(hlo["dp2"]["draft"]["counts"].values()), hlo["dp2"]["draft"]
+    assert sum(hlo["dp2"]["prefill"]["counts"].values()) <= 1, hlo["dp2"]["prefill"]
     assert hlo["tp2xdp2"]["per_layer"] == hlo["tp2"]["per_layer"], hlo["tp2xdp2"]
     for name, whole in (("dp2", "single"), ("tp2xdp2", "tp2")):
-        assert 0 < hlo[name]["flops_per_device"] <= 0.55 * hlo[whole]["flops_per_device"], (
-            name, hlo[name]["flops_per_device"], whole, hlo[whole]["flops_per_device"])
+        for kind in ("decode", "prefill", "draft"):
+            got, full = ((hlo[name], hlo[whole]) if kind == "decode" else
+                         (hlo[name][kind], hlo[whole][kind]))
+            assert 0 < got["flops_per_device"] <= 0.55 * full["flops_per_device"], (
+                name, kind, got["flops_per_device"], whole, full["flops_per_device"])
     assert summary["floor_rows"] and set(summary["floor_rows"]) == {4}, summary["floor_rows"]
     tp4 = summary["bytes"]["tp4"]  # 4 devices > 2 KV heads: each head on two devices
     assert tp4["kv_repeat"] == 2 and tp4["kv_heads"] == 4
