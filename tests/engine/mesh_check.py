@@ -11,7 +11,7 @@ the same cost tables and no online refresh, must also plan the same steps and ve
 rows per slot (the fill's top-B is global over the slots); with it, no replica may verify
 more than its B / D rows. Every engine serves with forbid_recompile. Also: each replica's
 fill on its own slots, the n-gram, draft-LM and DFlash drafters at DP=2 against plain
-decoding, the bucket floor of an unbalanced DP batch, per-device bytes against
+decoding, seeded sampling at DP=2 against one device, the bucket floor of an unbalanced DP batch, per-device bytes against
 the shardings, the collectives and per-device FLOPs of the largest verify step (per layer:
 the body of the scan over the layers), and configuration errors.
 
@@ -120,6 +120,21 @@ def main() -> int:
                     check(got_out[rid] == (tokens, reason), f"dp2/{method} case {i} {rid} "
                                                             "differs from plain decoding")
         summary["seconds"][f"dp2/{method}"] = round(time.perf_counter() - t0, 2)
+    # Seeded sampling (draws keyed by seed and position): a dynamic engine at DP=2 equals
+    # the single-device plain engine's sampled output.
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(2, model.config.vocab_size, size=int(rng.integers(3, 30))).tolist()
+               for _ in range(6)]
+    sampled = [SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.8,
+                              top_k=(0, 20)[i % 2], seed=100 + i) for i in range(6)]
+    want_sampled = [r.token_ids for r in ref["plain"].generate(prompts, sampled)]
+    config = EngineConfig(**BASE, **policy_config("dynamic", cost_path), **layout_config("dp2"))
+    engine = Engine(model, config=config, eos_token_ids=ref["dynamic"].eos_token_ids,
+                    drafter=drafter)
+    got_sampled = [r.token_ids for r in engine.generate(prompts, sampled)]
+    check(got_sampled == want_sampled, "dp2/dynamic sampled output differs from one device's")
+    summary["seconds"]["dp2/sampled"] = round(time.perf_counter() - t0, 2)
     # The start-up cost sweep and the online refresh on a mesh: plans follow measured times
     # now, so only the outputs must match.
     t0 = time.perf_counter()
