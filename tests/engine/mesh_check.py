@@ -11,9 +11,10 @@ the same cost tables and no online refresh, must also plan the same steps and ve
 rows per slot (the fill's top-B is global over the slots); with it, no replica may verify
 more than its B / D rows. Every engine serves with forbid_recompile. Also: each replica's
 fill on its own slots, the n-gram, draft-LM and DFlash drafters at DP=2 against plain
-decoding, seeded sampling at DP=2 against one device, the bucket floor of an unbalanced DP batch, per-device bytes against
-the shardings, the collectives and per-device FLOPs of the largest verify step (per layer:
-the body of the scan over the layers), and configuration errors.
+decoding, seeded sampling at DP=2 against one device, the bucket floor of an unbalanced DP
+batch, per-device bytes against the shardings, the collectives and per-device FLOPs of the
+largest verify, prefill and draft steps (per layer: the body of the scan over the layers),
+and configuration errors.
 
 Prints one JSON line (the summary) last; exits 1 if any check failed.
 """
