@@ -81,16 +81,21 @@ class ModelRunner:
             self._t_leaves, self._embed = layout.place_target(t_state)
             self._d_leaves = layout.replicate(self._d_leaves)
             per_slot = lambda tree: layout.slot_shardings(tree, n)  # noqa: E731
+            # The drafter's cache for twice the slots tells its per-slot leaves from its
+            # global ones, whatever their lengths.
+            self._dcache_wide = wide = (None if drafter is None else jax.eval_shape(
+                lambda: drafter.new_cache(num_slots=2 * n, cache_len=cache_len)))
+            per_slot_d = lambda tree: layout.slot_shardings(tree, n, wide)  # noqa: E731
             kv_heads = layout.kv_heads(target.config)
             self.cache = layout.allocate(
                 lambda: target.new_cache(num_slots=n, max_len=cache_len, num_kv_heads=kv_heads),
                 layout.cache_shardings)
-            self.dcache = layout.allocate(new_dcache, per_slot)
+            self.dcache = layout.allocate(new_dcache, per_slot_d)
             self.state = layout.allocate(new_state, per_slot)
             # Outputs keep the inputs' shardings, so a donated cache stays sharded and the next
             # call matches the compiled executable; what the host reads is gathered by it.
             cache_s = layout.cache_shardings(self.cache)
-            dcache_s, state_s = per_slot(self.dcache), per_slot(self.state)
+            dcache_s, state_s = per_slot_d(self.dcache), per_slot(self.state)
             out_shardings = dict(  # first tokens [C] replicated; read-back, confidences [N, .]
                 prefill=(cache_s, dcache_s, state_s, layout.replicated),
                 decode=(cache_s, dcache_s, state_s, layout.host_rows, layout.host_rows),
@@ -114,7 +119,8 @@ class ModelRunner:
 
         if replicas > 1:  # what each replica holds of the per-slot arrays: its own slots
             slots = lambda tree: layout.slot_specs(tree, n)  # noqa: E731
-            mine = (slots(self.cache), slots(self.dcache), slots(self.state))
+            mine = (slots(self.cache), layout.slot_specs(self.dcache, n, self._dcache_wide),
+                    slots(self.state))
             # A drafter's global statistics (the n-gram hit rates) are whole on every replica.
             shared = [spec == P() for spec in jax.tree.leaves(
                 mine[1], is_leaf=lambda x: isinstance(x, P))]

@@ -259,23 +259,30 @@ class MeshLayout:
         spec = P(None, DATA, None, MODEL, None)
         return KVCache(NamedSharding(self.mesh, spec), NamedSharding(self.mesh, spec))
 
-    def slot_specs(self, tree, num_slots: int):
+    def slot_specs(self, tree, num_slots: int, wider=None):
         """Per-slot pytrees (SlotState, a drafter's cache, per-slot outputs) -> a PartitionSpec
         per leaf: KV caches [L, N, S, G, D] and arrays whose leading axis is N split N over
-        'data'; anything else (a drafter's global statistics) replicated. A replicated
-        drafter keeps its KV heads whole on every 'model' device."""
-        def rule(x):
+        'data'; anything else (a drafter's global statistics) replicated. wider: the same
+        tree built for more slots (shapes suffice); given, a leaf is per-slot when its shape
+        differs there, so a statistic that happens to be N long (the n-gram hit rates with
+        N = max_n + 1) stays whole. A replicated drafter keeps its KV heads whole on every
+        'model' device."""
+        def rule(x, wide=None):
             if isinstance(x, KVCache):
                 return KVCache(*(_spec(5, 1, DATA),) * 2)
-            if np.ndim(x) >= 1 and np.shape(x)[0] == num_slots:
-                return _spec(np.ndim(x), 0, DATA)
-            return P()
-        return jax.tree.map(rule, tree, is_leaf=lambda x: isinstance(x, KVCache))
+            grows = np.ndim(x) >= 1 and np.shape(x)[0] == num_slots
+            if wide is not None:
+                grows = grows and np.shape(wide) != np.shape(x)
+            return _spec(np.ndim(x), 0, DATA) if grows else P()
+        is_kv = lambda x: isinstance(x, KVCache)  # noqa: E731
+        if wider is None:
+            return jax.tree.map(rule, tree, is_leaf=is_kv)
+        return jax.tree.map(rule, tree, wider, is_leaf=is_kv)
 
-    def slot_shardings(self, tree, num_slots: int):
+    def slot_shardings(self, tree, num_slots: int, wider=None):
         """`slot_specs` as NamedShardings."""
         return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
-                            self.slot_specs(tree, num_slots),
+                            self.slot_specs(tree, num_slots, wider),
                             is_leaf=lambda x: isinstance(x, P))
 
     # --- one replica's share of a step --------------------------------------------------

@@ -114,6 +114,10 @@ def main() -> int:
                               verify_buckets=(4, 8, 12), cost_table_path=cost_path,
                               refresh_costs=False)
         engine = Engine.from_pretrained(pair.target, path, config=config)
+        if method == "ngram":  # hit rates [max_n + 1 = 4], as long as the 4 slots: still whole
+            hits = engine.runner.dcache.hits
+            check(hits.shape == (4,) and hits.sharding.is_fully_replicated,
+                  f"the n-gram hit rates {hits.shape} were split as per-slot: {hits.sharding}")
         for i, case in enumerate(cases[:2]):
             got_out, _ = serve(engine, recorded(engine), *case)
             for rid, (tokens, reason) in want["plain"][i][0].items():
