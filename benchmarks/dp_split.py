@@ -8,7 +8,7 @@ buckets 16 / 32 / 64, and plain decoding):
   step      per verify bucket, and for the largest prefill bucket and the deepest draft
             step, the compiled step's FLOPs per device (XLA's cost_analysis of one device's
             partitioned module) and its collectives, in all and per layer
-            (sharding.hlo_collectives over the scan's body);
+            (mesh_report.step_report: the scan's body);
   serving   tokens per second generating `--slots` seeded prompts x 48 tokens (EOS ignored),
             best of `--repeats`, the layouts interleaved within each repeat.
 
@@ -52,12 +52,10 @@ def build(layout: str, policy: str, slots: int):
 
 
 def _one(compiled, num_layers: int) -> dict:
-    from lightspec_jax.engine.sharding import hlo_collectives
+    from lightspec_jax.engine.mesh_report import step_report
 
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    found = hlo_collectives(compiled.as_text(), trip_count=num_layers)
-    return dict(mflops_per_device=round(float(cost["flops"]) / 1e6, 1),
+    found = step_report(compiled, num_layers=num_layers)
+    return dict(mflops_per_device=round(found["flops_per_device"] / 1e6, 1),
                 collectives={op: n for op, n in found["module"].items() if n},
                 per_layer={op: n for op, n in (found["loop"] or {}).items() if n})
 

@@ -7,7 +7,7 @@ Nothing here holds a weight: the target is an abstract module (ShapeDtypeStructs
 the engine's own shardings (engine/sharding.py MeshLayout) are applied to it, so
 
   bytes     per-device parameter and KV-cache bytes come from the shardings' shard shapes
-            (sharding.shard_bytes), with what is replicated, against the H200's memory;
+            (mesh_report.shard_bytes), with what is replicated, against the H200's memory;
   export    the engine's decode step (step.decode: fill -> target over B rows -> verify ->
             commit, no drafter) at each verify bucket B is exported with jax.export for CUDA
             over a (1 x TP) mesh of abstract H200 devices (the recipe of
@@ -16,7 +16,7 @@ the engine's own shardings (engine/sharding.py MeshLayout) are applied to it, so
             compiles, and compiling for a GPU needs one;
   compile   so the same step is also compiled for TP forced CPU devices (same shardings, same
             SPMD partitioner) and the collectives of the partitioned module are counted, per
-            layer from the body of the scan over the layers (sharding.hlo_collectives). XLA's
+            layer from the body of the scan over the layers (mesh_report.hlo_collectives). XLA's
             GPU pipeline may combine or reschedule them, but the partitioner decides how many.
 
 On a multi-device GPU mesh the engine runs the jnp reference ops (engine.py refuses the Pallas
@@ -56,9 +56,10 @@ sys.path.insert(0, ROOT)
 from lightspec_jax.checkpoint import abstract_qwen3  # noqa: E402
 from lightspec_jax.engine import step  # noqa: E402
 from lightspec_jax.engine.batch import SlotState  # noqa: E402
-from lightspec_jax.engine.sharding import (DATA, MODEL, MeshLayout, hlo_collectives,  # noqa: E402
-                                           leaf_paths, make_mesh, replicated_bytes,
-                                           shard_bytes)
+from lightspec_jax.engine.mesh_report import (hlo_collectives, replicated_bytes,  # noqa: E402
+                                              shard_bytes)
+from lightspec_jax.engine.sharding import (DATA, MODEL, MeshLayout, leaf_paths,  # noqa: E402
+                                           make_mesh)
 from lightspec_jax.engine.verifier import ExactMatch  # noqa: E402
 from lightspec_jax.models import KVCache, Qwen3Config  # noqa: E402
 from lightspec_jax.sampling import SampleMode  # noqa: E402

@@ -35,7 +35,8 @@ from . import step
 from .batch import PrefillInputs, Readback, SlotRows, SlotState, write_slots
 from .buckets import BucketRegistry, powers_of_two
 from .scheduler import PrefillChunk
-from .sharding import DATA, MeshLayout, device_bytes, to_host
+from .mesh_report import device_bytes
+from .sharding import DATA, MeshLayout, to_host
 from .verifier import ExactMatch
 
 
@@ -83,7 +84,7 @@ class ModelRunner:
             per_slot = lambda tree: layout.slot_shardings(tree, n)  # noqa: E731
             # The drafter's cache for twice the slots tells its per-slot leaves from its
             # global ones, whatever their lengths.
-            self._dcache_wide = wide = (None if drafter is None else jax.eval_shape(
+            wide = (None if drafter is None else jax.eval_shape(
                 lambda: drafter.new_cache(num_slots=2 * n, cache_len=cache_len)))
             per_slot_d = lambda tree: layout.slot_shardings(tree, n, wide)  # noqa: E731
             kv_heads = layout.kv_heads(target.config)
@@ -119,7 +120,7 @@ class ModelRunner:
 
         if replicas > 1:  # what each replica holds of the per-slot arrays: its own slots
             slots = lambda tree: layout.slot_specs(tree, n)  # noqa: E731
-            mine = (slots(self.cache), layout.slot_specs(self.dcache, n, self._dcache_wide),
+            mine = (slots(self.cache), layout.slot_specs(self.dcache, n, wide),
                     slots(self.state))
             # A drafter's global statistics (the n-gram hit rates) are whole on every replica.
             shared = [spec == P() for spec in jax.tree.leaves(
@@ -261,7 +262,7 @@ class ModelRunner:
     def device_bytes(self) -> dict[str, dict[int, int]]:
         """Bytes each device holds (device id -> bytes) of the target's parameters, the
         drafter's, the target's KV cache and the drafter's cache, read from the arrays' shards
-        (sharding.device_bytes). On one device: the whole of each."""
+        (mesh_report.device_bytes). On one device: the whole of each."""
         parts = dict(target=self._t_leaves, drafter=self._d_leaves, kv=self.cache,
                      draft_cache=self.dcache)
         return {name: device_bytes(tree) for name, tree in parts.items()}

@@ -39,8 +39,8 @@ from flax import nnx  # noqa: E402
 from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig  # noqa: E402
 from lightspec_jax.assets import tiny_pair  # noqa: E402
 from lightspec_jax.checkpoint import convert_qwen3, load_qwen3, load_qwen3_placed  # noqa: E402
-from lightspec_jax.engine.sharding import (MODEL, hlo_collectives, leaf_paths,  # noqa: E402
-                                           make_mesh, replicated_bytes)
+from lightspec_jax.engine.mesh_report import replicated_bytes, step_report  # noqa: E402
+from lightspec_jax.engine.sharding import MODEL, leaf_paths, make_mesh  # noqa: E402
 from mesh_cases import (BASE, COSTS, K, check, check_served, failures,  # noqa: E402
                         policy_config, recorded, scenarios, serve)
 
@@ -232,20 +232,16 @@ def collectives(engine: Engine) -> dict:
 
     def largest(registry):
         key = max(registry._compiled, key=lambda k: k[0] if isinstance(k, tuple) else k)
-        compiled = registry._compiled[key]
-        cost = compiled.cost_analysis()  # of one device's partitioned module
-        cost = cost[0] if isinstance(cost, list) else cost
-        found = hlo_collectives(compiled.as_text(), trip_count=engine.model.config.num_layers)
-        return found, float(cost.get("flops", -1.0))
+        return step_report(registry._compiled[key], num_layers=engine.model.config.num_layers)
 
-    found, flops = largest(runner.decode_registry)
+    found = largest(runner.decode_registry)
     out = dict(counts=found["module"], per_layer=found["loop"],
                all_gather_shapes=found["shapes"].get("all-gather", [])[:12],
-               flops_per_device=flops)
+               flops_per_device=found["flops_per_device"])
     for name, registry in (("prefill", runner.prefill_registry),
                            ("draft", runner.draft_registry)):
-        found, flops = largest(registry)
-        out[name] = dict(counts=found["module"], flops_per_device=flops)
+        found = largest(registry)
+        out[name] = dict(counts=found["module"], flops_per_device=found["flops_per_device"])
     return out
 
 
