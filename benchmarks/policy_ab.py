@@ -12,6 +12,8 @@ Outputs must agree token for token across variants (greedy): the script exits 1 
 A variant is [label=]policy[,option=value...]; option values parse as Python literals (true,
 false and none also work). `force_depth=D` makes the dynamic planner draft D after every step
 and turns its probes off (what the free choice costs against a fixed depth in the same engine).
+`catch_up=false` makes a drafter that catches up (the draft LM, `--drafter`) commit at every
+step instead, floor steps included (what the floor's catch-up saves).
 
 Per variant it prints throughput (mean, per repeat, against the first variant, and the range of
 its ratio to the first variant repeat by repeat: the two ran minutes apart at most), the host and
@@ -45,6 +47,7 @@ class Variant:
     depth: int  # K (0 for none)
     options: dict  # planner options (make_planner keyword arguments)
     force_depth: int | None = None
+    catch_up: bool = True  # False: the drafter commits at every step (Drafter.catches_up)
 
 
 def parse_variant(text: str) -> Variant:
@@ -58,7 +61,7 @@ def parse_variant(text: str) -> Variant:
     name, k = parse_policy(policy)
     if name != "none" and k is None:
         k = 7
-    options, force = {}, None
+    options, force, catch_up = {}, None, True
     for item in rest:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -72,27 +75,32 @@ def parse_variant(text: str) -> Variant:
                                              "number, true, false or none") from None
         if key == "force_depth":
             force = int(parsed)
+        elif key == "catch_up":
+            catch_up = bool(parsed)
         else:
             options[key] = parsed
-    if (options or force is not None) and name not in ("dynamic", "dspark"):
+    if (options or force is not None or not catch_up) and name not in ("dynamic", "dspark"):
         raise argparse.ArgumentTypeError(f"variant {text!r}: planner options apply to dynamic "
                                          "and dspark policies only")
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,
-                   force_depth=force)
+                   force_depth=force, catch_up=catch_up)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
     import lightspec_jax.engine.engine as engine_module
     from lightspec_jax.bench.serve import build_engine
+    from lightspec_jax.drafters import DraftLMDrafter
 
     make = engine_module.make_planner
     engine_module.make_planner = lambda *a, **kw: make(*a, **{**kw, **variant.options})
+    DraftLMDrafter.catches_up = variant.catch_up  # read once, when the runner is built
     try:
         engine = build_engine(args, policy=variant.policy, depth=variant.depth,
                               concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,
                               longest_prompt=longest)
     finally:
         engine_module.make_planner = make
+        DraftLMDrafter.catches_up = True
     if variant.force_depth is not None:
         planner, depth = engine.planner, variant.force_depth
         if depth not in planner.spec.choices:
@@ -170,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--periods", action="store_true",
                         help="fit each variant's step periods by kind of step")
+    parser.add_argument("--drafter", default=None,
+                        help="the drafter's folder (default: the pair's drafter/; e.g. the "
+                        "shipped pair's draft-lm/ or dflash/)")
     parser.add_argument("--pair", default=None,
                         help="a pair's folder holding target/ and drafter/ (default: the "
                         "shipped tiny pair)")
@@ -185,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         target, drafter = shipped.target, shipped.drafter
     else:
         target, drafter = (os.path.join(args.pair, d) for d in ("target", "drafter"))
+    drafter = args.drafter or drafter
     model = types.SimpleNamespace(target=target, drafter=drafter, dtype="float32",
                                   max_tokens=args.max_tokens)
     tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))

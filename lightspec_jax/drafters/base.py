@@ -14,6 +14,14 @@ step; `draft` for a static depth d, one executable per depth, runs only when the
 drafts. So the engine compiles |B| + |d| executables, not |B| x |d|, and the planner's floor
 (depth 0) is the verify step alone.
 
+A drafter whose commit is a forward through a model of its own (the draft LM: every layer's
+K/V needs the layer below) would make the floor cost that forward more than a plain step.
+Such a drafter `catches_up`: at the floor the verify step only `record`s the rows' tokens, and
+before the next step that commits, `catch_up` runs its forward over the positions it missed
+- the same rows the skipped commits would have written, in fewer and larger forwards, and
+none at all while the floor lasts. Its cache is current again before it drafts, so
+speculation resumes from a drafter that missed nothing (no TensorRT-LLM #16888 staleness).
+
 Axis legend: T rows, N slots, F target feature width, d draft depth.
 """
 
@@ -64,6 +72,9 @@ class Drafter(abc.ABC):
     # drafter finds no match, or a short one). Such a miss is the drafter's outcome, and the
     # planner's statistics must count it as rejected drafts, not leave the request out.
     short_proposals: bool = False
+    # Whether a floor step may `record` instead of `commit`, the drafter's cache then behind
+    # until `catch_up` (see the module docstring).
+    catches_up: bool = False
 
     def __init__(self, module: nnx.Module):
         self.graphdef, state = nnx.split(module)
@@ -87,6 +98,17 @@ class Drafter(abc.ABC):
         """The drafter's cache writes for the B verify rows, plus what `draft` starts from at
         each slot's tail row (kept in the cache). tail_row [N]: the verify row of each slot's
         bonus token (its last accepted row). Returns the new cache."""
+
+    def record(self, param_leaves, cache, rows: DraftRows) -> Any:
+        """A floor step's part (drafters that `catches_up`): the verify rows' tokens kept for
+        `catch_up`, no forward. Returns the new cache."""
+        raise NotImplementedError(f"{type(self).__name__} does not catch up")
+
+    def catch_up(self, param_leaves, cache, *, seq_len: jax.Array, window: int) -> Any:
+        """The forward `record` skipped, for up to `window` (static) positions per slot from
+        where its cache stops, and before `seq_len` [N] (the committed length); call it until
+        it has covered the most positions any slot missed. Returns the new cache."""
+        raise NotImplementedError(f"{type(self).__name__} does not catch up")
 
     @abc.abstractmethod
     def draft(self, param_leaves, cache, *, last_token: jax.Array, seq_len: jax.Array,

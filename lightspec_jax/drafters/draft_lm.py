@@ -3,6 +3,8 @@
 The vanilla form of speculative decoding (a small model of the same family drafting for a large
 one). It needs no target features. Its cache holds x_p at p like the target's: the commit
 forward re-reads the verify rows, then drafting starts from the bonus token at new_seq_len.
+The commit is a forward through every layer, so at the planner's floor the verify step only
+records the rows' tokens and the draft model catches up before it drafts again (base.py).
 
 `temperature` > 0 samples the drafts instead of taking the argmax (keys from the drafter's
 own seed, slot and position - never the request's seed). `corrupt_rate` replaces each drafted
@@ -18,14 +20,23 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from typing import NamedTuple
+
 from lightspec_jax.models import KVCache, Qwen3
 
 from ..sampling import Draw, draw_proposal, point_mass
 from .base import Drafter, DraftRows, chain, support
 
 
+class DraftLMCache(NamedTuple):
+    kv: KVCache  # [L, N, S, G, D] the draft model's K/V
+    tokens: jax.Array  # [N, S] i32: the token at each position, as the verify rows read it
+    length: jax.Array  # [N] i32: positions [0, length) hold current K/V (catch-up's start)
+
+
 class DraftLMDrafter(Drafter):
     method = "draft_lm"
+    catches_up = True
 
     def __init__(self, model: Qwen3, *, temperature: float = 0.0, corrupt_rate: float = 0.0,
                  corrupt_from: int | None = None, seed: int = 0):
@@ -40,24 +51,60 @@ class DraftLMDrafter(Drafter):
         self.corrupt_from = corrupt_from
         self.seed = seed
 
-    def new_cache(self, *, num_slots: int, cache_len: int) -> KVCache:
+    def new_cache(self, *, num_slots: int, cache_len: int) -> DraftLMCache:
         cfg = self.config
-        return KVCache.init(num_layers=cfg.num_layers, num_slots=num_slots, max_len=cache_len,
-                            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                            dtype=self.param_leaves[0].dtype)
+        kv = KVCache.init(num_layers=cfg.num_layers, num_slots=num_slots, max_len=cache_len,
+                          num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                          dtype=self.param_leaves[0].dtype)
+        return DraftLMCache(kv, jnp.zeros((num_slots, cache_len), jnp.int32),
+                            jnp.zeros((num_slots,), jnp.int32))
+
+    def _forward(self, param_leaves, kv: KVCache, token, position, slot) -> KVCache:
+        """The rows' K/V through every layer (each layer's K/V need the one below); logits of
+        one row, which nothing reads. Padding rows (slot N) write nothing."""
+        return self.module(param_leaves)(token, position, slot, kv,
+                                         logits_rows=jnp.zeros((1,), jnp.int32)).cache
+
+    @staticmethod
+    def _keep(cache: DraftLMCache, rows: DraftRows) -> jax.Array:
+        """[N, S] tokens with each row's token at its position (padding rows dropped)."""
+        return cache.tokens.at[rows.slot, rows.position].set(rows.token, mode="drop")
 
     def prefill(self, param_leaves, cache, rows: DraftRows, *, target_embed):
-        model = self.module(param_leaves)
-        out = model(rows.token, rows.position, rows.slot, cache,
-                    logits_rows=jnp.zeros((1,), jnp.int32))
-        return out.cache
+        n = cache.length.shape[0]
+        # A prompt chunk's rows are a slot's positions up to its end: current to there.
+        end = jnp.full((n + 1,), -1, jnp.int32).at[rows.slot].max(rows.position + 1)[:n]
+        return DraftLMCache(self._forward(param_leaves, cache.kv, rows.token, rows.position,
+                                          rows.slot),
+                            self._keep(cache, rows), jnp.where(end >= 0, end, cache.length))
 
     def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, target_embed):
-        # The verify rows' inputs, so the accepted prefix is in the draft model's cache: a
-        # forward through every layer (each layer's K/V need the one below), logits of one row.
+        # The verify rows' inputs, so the accepted prefix is in the draft model's cache.
         # Drafting starts from the bonus token, which the slot state holds: nothing to keep.
-        return self.module(param_leaves)(rows.token, rows.position, rows.slot, cache,
-                                         logits_rows=jnp.zeros((1,), jnp.int32)).cache
+        # Each slot with rows is current through its tail row (its last accepted one).
+        n = cache.length.shape[0]
+        stepped = jnp.zeros((n + 1,), bool).at[rows.slot].set(True)[:n]  # [N]
+        length = jnp.where(stepped, rows.position[tail_row] + 1, cache.length)
+        return DraftLMCache(self._forward(param_leaves, cache.kv, rows.token, rows.position,
+                                          rows.slot),
+                            self._keep(cache, rows), length.astype(jnp.int32))
+
+    def record(self, param_leaves, cache, rows: DraftRows):
+        return cache._replace(tokens=self._keep(cache, rows))
+
+    def catch_up(self, param_leaves, cache, *, seq_len, window):
+        n, s = cache.tokens.shape
+        position = cache.length[:, None] + jnp.arange(window, dtype=jnp.int32)  # [N, W]
+        missed = position < seq_len[:, None]  # [N, W]
+        slot = jnp.where(missed, jnp.arange(n, dtype=jnp.int32)[:, None], n)  # [N, W]
+        token = jnp.take_along_axis(cache.tokens, jnp.minimum(position, s - 1), axis=1)
+        kv = self._forward(param_leaves, cache.kv, token.reshape(-1), position.reshape(-1),
+                           slot.reshape(-1))
+        # A slot behind moves up by the window, never past what is committed; a slot reset
+        # for a new request (seq_len 0 until its prefill sets both) stays.
+        length = jnp.where(cache.length < seq_len, jnp.minimum(cache.length + window, seq_len),
+                           cache.length)
+        return DraftLMCache(kv, cache.tokens, length)
 
     def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
               target_embed, sampling=None):
@@ -65,17 +112,18 @@ class DraftLMDrafter(Drafter):
         num_slots = last_token.shape[0]
         slots = jnp.where(drafting, jnp.arange(num_slots, dtype=jnp.int32), num_slots)
 
-        def step(cache, token, k):
+        def step(kv, token, k):
             # Feed the token at seq_len + k (k = 0 is the bonus), predict the one after.
             position = seq_len + k
-            out = model(token, position, slots, cache)
+            out = model(token, position, slots, kv)
             draft = self._draw(out.logits, position + 1, slots, sampling)
             return out.cache, self._corrupt(draft, position + 1, slots)
 
         # Drafted tokens' cache entries lie at or past seq_len: the next commit overwrites
         # them with the verified tokens.
-        return chain(step, cache, last_token, depth=depth, max_depth=max_depth,
-                     support=support(sampling))
+        kv, proposal = chain(step, cache.kv, last_token, depth=depth, max_depth=max_depth,
+                             support=support(sampling))
+        return cache._replace(kv=kv), proposal
 
     def _keys(self, slots, position, stream: int):
         base = jax.random.fold_in(jax.random.key(self.seed), stream)

@@ -8,7 +8,10 @@ proposals at a fixed context (the verify, how the step cost follows B at fixed N
 bucket holding N at each depth d, each against a depth-0 twin. The planner prices a step as
 target(B) + draft(B) + stage(d), the last two only when it drafts: stage(d) is the draft
 step (depth d less depth 0, over the N slots), and draft(B), the part of drafting that
-follows B, is nil here: the verify step's drafter cache writes run at every depth.
+follows B, is nil here: the verify step's drafter cache writes run at every depth - except
+for a drafter that catches up (the draft LM, drafters/base.py), whose floor steps over the
+buckets up to N only record the rows: there target(B) is that step, and draft(B) the
+committing step less it (the commit forward a drafting step runs).
 
 Each cost is the fastest of `repeats` timed runs of `steps` back-to-back steps after a
 warm-up run, each on a fresh copy of the synthetic state: interference from other work on the
@@ -44,7 +47,7 @@ _PLACEHOLDER_MS = 1e-3
 @dataclasses.dataclass(frozen=True)
 class CostProfile:
     target: CostTable  # decode step ms at depth 0 by rows B (the verify)
-    draft: CostTable  # drafting's part that follows B, ms by B (nil: see above)
+    draft: CostTable  # drafting's part that follows B, ms by B (nil, or the commit: see above)
     draft_depth_ms: dict[int, float]  # the draft step of depth d, ms by d
     depth: CostTable  # the same as a table keyed by depth d
     context_per_request: int
@@ -81,8 +84,9 @@ class CostProfile:
 # table imputes other contexts by the attention route, see verify_context_rule; 9: the CPU's
 # reference attention reads 32-position blocks, pallas_kernels.verify_attention.reference_block,
 # which cut its steps by up to a third: tables timed before it overprice every step; 10:
-# data-parallel replicas verify their own B / D rows, and the sweep spreads its slots over them).
-SWEEP_VERSION = 10
+# data-parallel replicas verify their own B / D rows, and the sweep spreads its slots over them;
+# 11: a drafter that catches up is priced without its commit at the floor buckets).
+SWEEP_VERSION = 11
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -107,6 +111,7 @@ def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...
         "row_tile": runner.row_tile,
         "mesh": None if runner.layout is None else dict(runner.layout.mesh.shape),
         "decode_buckets": runner.decode_registry.sizes, "depths": depths, "policy": policy,
+        "floor_buckets": sorted(runner.floor_buckets),
         "verifier": [runner.verifier.name, type(runner.verifier).__name__,
                      runner.verifier.support, runner.verifier.coupled_support],
         "device": jax.devices()[0].device_kind,
@@ -128,30 +133,33 @@ def _synthetic_state(runner: ModelRunner, context: int, active: int) -> SlotStat
         proposal_len=jnp.full((n,), k, jnp.int32)))
 
 
-def _time_decode(runner: ModelRunner, rows: int, depths: tuple[int, ...], *, context: int,
-                 steps: int, repeats: int) -> list[float]:
-    """Least ms per step of the decode step at `rows` for each depth.
+def _time_decode(runner: ModelRunner, rows: int, variants: tuple[tuple[int, bool], ...], *,
+                 context: int, steps: int, repeats: int) -> list[float]:
+    """Least ms per step of the decode step at `rows` for each (depth, whether the drafter
+    commits) variant.
 
     Each timing dispatches `steps` steps back to back and waits once, as the overlapped loop
     runs them: a step's dispatch and launch latency hide behind the step before it, so a
     bucket is priced at what it adds to a serving step, not at a lone step's round trip (on
     the H200 a lone verify at B = 256 timed 4.5 ms where back-to-back steps take 4.0). Before
     every step the proposals are re-armed to full length, so a bucket's rows are all real.
-    The depths are timed in turn within each repeat (a slow spell on a shared machine then
-    hits all of them alike).
+    The variants are timed in turn within each repeat (a slow spell on a shared machine then
+    hits all of them alike). What steps that do not commit leave the drafter behind by is
+    dropped, not caught up: the synthetic state's drafter cache is read by nothing.
     """
     extra = runner.verifier.empty_inputs(runner.num_slots, runner.max_depth)
-    times = [[] for _ in depths]
+    times = [[] for _ in variants]
     for repeat in range(repeats + 1):
-        for i, depth in enumerate(depths):
+        for i, (depth, commit) in enumerate(variants):
             runner.state = _synthetic_state(runner, context, min(runner.num_slots, rows))
+            runner.discard_catch_up()
             jax.block_until_ready(runner.state)
             count = 1 if repeat == 0 else steps  # the first repeat warms up
             start = time.perf_counter()
             for _ in range(count):
                 # (placed again: jit leaves a zero-size field replicated on a mesh)
                 runner.state = runner.place_state(_rearm(runner.state))
-                readback, _ = runner.decode(rows, depth, extra)
+                readback, _ = runner.decode(rows, depth, extra, commit=commit)
             # The draft step ends after the read-back is ready: wait for the state it writes.
             jax.block_until_ready((readback, runner.state, runner.dcache))
             times[i].append(1e3 * (time.perf_counter() - start) / count)
@@ -177,17 +185,24 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     home = runner.decode_registry.pick(n)  # the bucket of one row per slot
     depths = tuple(sorted(set(depths)))
     # A depth's price is a difference of two timings at the home bucket, so each is timed
-    # interleaved with its own depth-0 twin.
-    work = [(b, (0,)) for b in sizes] + [(home, (0, d)) for d in depths]
-    ms, added = {}, {}
+    # interleaved with its own depth-0 twin; so is a floor bucket's recording step with its
+    # committing one.
+    work = ([(b, ((0, True), (0, False)) if b in runner.floor_buckets else ((0, True),))
+             for b in sizes] + [(home, ((0, True), (d, True))) for d in depths])
+    ms, added, commit_ms = {}, {}, {}
     for rows, pair in tqdm(work, desc="profiling decode buckets", disable=not show_progress,
                            leave=False):
         timed = _time_decode(runner, rows, pair, context=context, steps=steps,
                              repeats=repeats)
-        ms[rows, pair[-1]] = timed[-1]
-        if len(pair) == 2:
-            added[pair[1]] = timed[1] - timed[0]  # what the draft step of depth d adds
+        (depth, commit) = pair[-1]
+        if depth:
+            added[depth] = timed[1] - timed[0]  # what the draft step of depth d adds
+        else:
+            ms[rows] = timed[-1]
+            if not commit:
+                commit_ms[rows] = timed[0] - timed[1]  # what the commit forward adds
     runner.state = runner.place_state(runner.empty_state())
+    runner.discard_catch_up()
     # Drafting deeper never costs less, nor does drafting cost less than nothing: a depth
     # priced below a shallower one (each price is a difference of two timings) is timing
     # noise, which a non-decreasing least-squares fit removes - left in, it would make the
@@ -195,10 +210,10 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     fitted = -non_increasing(-np.array([added[d] for d in depths]), np.ones(len(depths)))
     depth_ms = {d: max(float(ms), _PLACEHOLDER_MS) for d, ms in zip(depths, fitted)}
     total_context = n * context
-    return CostProfile(target=CostTable({b: ms[b, 0] for b in sizes}, context_len=total_context,
+    return CostProfile(target=CostTable({b: ms[b] for b in sizes}, context_len=total_context,
                                         impute=verify_context_rule()),
-                       draft=CostTable({b: _PLACEHOLDER_MS for b in sizes},
-                                       context_len=total_context),
+                       draft=CostTable({b: max(commit_ms.get(b, 0.0), _PLACEHOLDER_MS)
+                                        for b in sizes}, context_len=total_context),
                        draft_depth_ms=depth_ms,
                        # each depth re-reads the context: scale, not shift, across contexts
                        depth=CostTable(depth_ms, context_len=total_context, impute="scale"),

@@ -182,7 +182,9 @@ class Engine:
                                   show_progress=config.show_progress, layout=layout,
                                   precompile_sampling=config.precompile_sampling,
                                   row_tile=(BATCH_INVARIANT_ROW_TILE if config.batch_invariant
-                                            else None))
+                                            else None),
+                                  # the floor (depth 0) is a dynamic planner's choice alone
+                                  defer_commit=spec.policy is Policy.DYNAMIC)
         self.compile_seconds = time.perf_counter() - start
         if verifier.name:
             log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "
@@ -220,8 +222,9 @@ class Engine:
             options = ({"depth": k} if spec.policy is Policy.STATIC else
                        {"replan_every": 4} if spec.policy is Policy.DYNAMIC else {})
             # The verify step keeps the drafter's cache current at every depth (a parallel
-            # drafter's too: its commit writes the context), so depth 0 (no draft step) is a
-            # choice: the no-speculation floor.
+            # drafter's too: its commit writes the context; one that catches up does so
+            # before it drafts again), so depth 0 (no draft step) is a choice: the
+            # no-speculation floor.
             floor = spec.policy is Policy.DYNAMIC
             block = drafter.block_size if parallel else None  # rows of one block forward
             lead = drafter.block_lead if parallel else None  # rows of a cut block past d
@@ -405,7 +408,8 @@ class Engine:
             self._plan_ms += 1e3 * (time.perf_counter() - started)
             readback, conf = runner.decode(plan.verify_rows, plan.draft_depth,
                                            self.verifier.host_inputs(scheduler.decoding),
-                                           mode=scheduler.sample_mode[scheduler.decoding].max())
+                                           mode=scheduler.sample_mode[scheduler.decoding].max(),
+                                           span=plan.verified_depth + 1)
             scheduler.dispatched_decode(plan.draft_depth)
             self._last_readback = readback
         return _InFlight(owners=list(scheduler.owner),

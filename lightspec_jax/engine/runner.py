@@ -6,6 +6,9 @@ Compiled at start-up, each in a registry keyed by its bucket:
     decode   per verify bucket B        verify and commit (step.decode)
     draft    per draft depth d          the next proposal (step.draft), with a drafter
     write    per written-slot count U   admissions and aborts scattered into the slot state
+With `defer_commit` and a drafter that catches up (the draft LM), also:
+    decode   per bucket B <= N, floor   verify, the drafter only recording the rows
+    catch-up per window W               the drafter's forward over what floor steps recorded
 Prefill and decode steps are compiled for greedy batches; the sampling variants
 (SampleMode.DRAW, FILTER) of a bucket compile the first time a batch needs them.
 
@@ -40,6 +43,11 @@ from .sharding import DATA, MeshLayout, to_host
 from .verifier import ExactMatch
 
 
+# The widest catch-up window: positions per slot one catch-up forward covers (a floor run of
+# more steps takes several). N x W rows of the drafter's forward per executable.
+CATCH_UP_WINDOW = 16
+
+
 def abstract(tree):
     """ShapeDtypeStructs of a pytree of arrays (what `.lower()` compiles against)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
@@ -50,12 +58,16 @@ class ModelRunner:
                  cache_len: int, max_depth: int, prefill_buckets: tuple[int, ...],
                  decode_buckets: tuple[int, ...], draft_depths: tuple[int, ...] = (),
                  verifier=None, show_progress: bool = True, layout: MeshLayout | None = None,
-                 precompile_sampling: str = "none", row_tile: int | None = None):
+                 precompile_sampling: str = "none", row_tile: int | None = None,
+                 defer_commit: bool = False):
         """layout: the shardings over a device mesh (engine/sharding.py); None: one device,
         and none of the code below places or constrains anything. precompile_sampling: which
         sampled variants of the prefill and decode steps compile now rather than on first use
         (EngineConfig.precompile_sampling). row_tile: the target's rows per tile in the
-        batch-invariant mode (EngineConfig.batch_invariant); None: untiled."""
+        batch-invariant mode (EngineConfig.batch_invariant); None: untiled. defer_commit: a
+        step of at most one row per slot that drafts nothing (the planner's floor) leaves a
+        drafter that catches up behind, and it catches up before the next step that commits
+        (drafters/base.py), so the floor costs a plain step."""
         self.num_slots = n = num_slots
         self.max_depth = k = max(max_depth, 1)  # plain decoding keeps a 1-wide empty proposal
         self.cache_len = cache_len
@@ -63,6 +75,8 @@ class ModelRunner:
         self.drafter = drafter
         self.verifier = verifier or ExactMatch()
         self.columns = Readback(width=k + 1)
+        self.defers = bool(defer_commit and drafter is not None and drafter.catches_up)
+        self._behind = 0  # positions per slot the drafter may have missed (an upper bound)
         graphdef, t_state = nnx.split(target)
         self._t_leaves, t_treedef = jax.tree.flatten(t_state)
         self._d_leaves = drafter.param_leaves if drafter is not None else []
@@ -100,7 +114,7 @@ class ModelRunner:
             out_shardings = dict(  # first tokens [C] replicated; read-back, confidences [N, .]
                 prefill=(cache_s, dcache_s, state_s, layout.replicated),
                 decode=(cache_s, dcache_s, state_s, layout.host_rows, layout.host_rows),
-                draft=(dcache_s, state_s), write=state_s)
+                draft=(dcache_s, state_s), write=state_s, catch_up=dcache_s)
         verifier = self.verifier
         spec = abstract if layout is None else layout.abstract
 
@@ -154,14 +168,14 @@ class ModelRunner:
                                     inputs, mode=mode, row_tile=row_tile)
             return per_replica(fn, P(DATA), (P(DATA),))
 
-        def decode_fn(rows, mode):
+        def decode_fn(rows, mode, commit=True):
             # Each replica verifies B / D rows of its own N / D slots, its fill's top-B / D
             # taken over them (the engine sizes B so that every replica's decoding slots get
             # their rows: scheduler.rows_needed).
             def fn(t_leaves, d_leaves, cache, dcache, state, extra):
                 return step.decode(merge(t_leaves), drafter, verifier, d_leaves, cache, dcache,
                                    state, extra, num_rows=rows // replicas, mode=mode,
-                                   row_tile=row_tile)
+                                   row_tile=row_tile, commit_drafter=commit)
             extra_spec = None if replicas == 1 else layout.slot_specs(
                 verifier.empty_inputs(n, k), n)
             return per_replica(fn, extra_spec, (P(DATA), P(DATA)))
@@ -174,11 +188,23 @@ class ModelRunner:
                 return fn
             return layout.per_replica(fn, in_specs=(P(), P(), *mine[1:]), out_specs=mine[1:])
 
+        def catch_up_fn(window):
+            def fn(d_leaves, dcache, state):
+                return step.catch_up(drafter, d_leaves, dcache, state, window=window)
+            if replicas == 1 or any(shared):
+                return fn
+            return layout.per_replica(fn, in_specs=(P(), *mine[1:]), out_specs=mine[1])
+
         self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
         self.decode_registry = BucketRegistry("decode step", decode_buckets)
         # Every depth up to K is defined; those the policy does not plan compile on first use.
         self.draft_registry = BucketRegistry("draft step", range(1, k + 1) if drafter else ())
         self.write_registry = BucketRegistry("slot write", powers_of_two(n, base=4))
+        # Floor steps verify one row per slot: the buckets up to N's record instead of commit.
+        home = self.decode_registry.pick(n)
+        self._floor_buckets = frozenset(b for b in decode_buckets if b <= home and self.defers)
+        self.catch_up_registry = BucketRegistry(
+            "drafter catch-up", powers_of_two(CATCH_UP_WINDOW) if self.defers else ())
         t_abs, d_abs = spec(self._t_leaves), spec(self._d_leaves)
         cache_abs, dcache_abs, state_abs = (spec(x) for x in
                                             (self.cache, self.dcache, self.state))
@@ -194,21 +220,26 @@ class ModelRunner:
                     spec(PrefillInputs.empty(t, n, replicas)), lazy=lazy,
                     **jit_kwargs("prefill", donate_argnames=donate))
             for b in self.decode_registry.sizes:
-                self.decode_registry.define((b, mode), decode_fn(b, mode), t_abs, d_abs,
-                                            cache_abs, dcache_abs, state_abs, extra_abs,
-                                            lazy=lazy,
-                                            **jit_kwargs("decode", donate_argnames=donate))
+                for commit in (True, False) if b in self._floor_buckets else (True,):
+                    key = (b, mode) if commit else (b, mode, False)
+                    self.decode_registry.define(key, decode_fn(b, mode, commit), t_abs, d_abs,
+                                                cache_abs, dcache_abs, state_abs, extra_abs,
+                                                lazy=lazy,
+                                                **jit_kwargs("decode", donate_argnames=donate))
         for d in self.draft_registry.sizes:
             self.draft_registry.define(d, draft_fn(d), spec(self._embed), d_abs, dcache_abs,
                                        state_abs,
                                        lazy=d not in draft_depths,
                                        **jit_kwargs("draft", donate_argnames=("dcache", "state")))
+        for w in self.catch_up_registry.sizes:
+            self.catch_up_registry.define(w, catch_up_fn(w), d_abs, dcache_abs, state_abs,
+                                          **jit_kwargs("catch_up", donate_argnames=("dcache",)))
         for u in self.write_registry.sizes:
             self.write_registry.define(u, write_slots, state_abs,
                                        spec(SlotRows.empty(u, n)),
                                        **jit_kwargs("write", donate_argnames=("state",)))
         registries = (self.prefill_registry, self.decode_registry, self.draft_registry,
-                      self.write_registry)
+                      self.write_registry, self.catch_up_registry)
         work = [(r, key) for r in registries for key in r.pending]
         for registry, key in tqdm(work, desc="compiling device steps",
                                   disable=not show_progress, leave=False):
@@ -235,11 +266,15 @@ class ModelRunner:
                 PrefillInputs.empty(key[0], n, self.replicas))
         extra = self.verifier.empty_inputs(n, self.max_depth)
         decodes = self.decode_registry.compiled
-        for rows, mode in decodes:
-            self.decode(rows, 0, extra, mode=mode)
+        for key in decodes:
+            self.decode(key[0], 0, extra, mode=key[1], commit=len(key) == 2)
         home = self.decode_registry.pick(n)
         for depth in self.draft_registry.compiled:
             self.decode(home, depth, extra)
+        for window in self.catch_up_registry.compiled:  # no slot is behind: nothing changes
+            self.dcache = self.catch_up_registry(window, self._d_leaves, self.dcache,
+                                                 self.state)
+        self._behind = 0
         if self.prefill_registry.compiled or decodes:
             jax.block_until_ready((self.cache, self.dcache, self.state))
         self.state = self.place_state(self.empty_state())
@@ -257,7 +292,8 @@ class ModelRunner:
     @property
     def compile_seconds(self) -> float:
         return sum(r.compile_seconds for r in (self.prefill_registry, self.decode_registry,
-                                               self.draft_registry, self.write_registry))
+                                               self.draft_registry, self.write_registry,
+                                               self.catch_up_registry))
 
     def device_bytes(self) -> dict[str, dict[int, int]]:
         """Bytes each device holds (device id -> bytes) of the target's parameters, the
@@ -324,16 +360,55 @@ class ModelRunner:
         tokens.copy_to_host_async()
         return tokens, np.array(where, int)
 
-    def decode(self, rows: int, depth: int, extra=(), mode: int = SampleMode.GREEDY
+    def decode(self, rows: int, depth: int, extra=(), mode: int = SampleMode.GREEDY, *,
+               span: int | None = None, commit: bool | None = None
                ) -> tuple[jax.Array, jax.Array]:
         """Dispatches one decode step over a `rows` bucket, then drafting `depth` tokens
         (none at 0); `mode`: the SampleMode the decoding slots' requests need. Returns (packed
-        read-back [N, K+1+5], verified confidences [N, K]) on the device."""
+        read-back [N, K+1+5], verified confidences [N, K]) on the device.
+
+        commit: whether the drafter commits the rows; None: unless the step drafts nothing
+        over a floor bucket of a runner that defers (`defer_commit`). A step that does not
+        commit leaves the drafter behind by at most `span` positions per slot (the most rows
+        one slot holds: the verified depth + 1; None: K + 1), which the next step that commits
+        catches up first."""
+        mode = SampleMode(mode)
+        if commit is None:
+            commit = not (depth == 0 and rows in self._floor_buckets)
+        if commit:
+            self._catch_up()
+        elif rows not in self._floor_buckets:
+            raise ValueError(f"the {rows}-row decode step always commits the drafter "
+                             f"(floor buckets: {sorted(self._floor_buckets)})")
+        else:
+            self._behind += self.max_depth + 1 if span is None else span
+        key = (rows, mode) if commit else (rows, mode, False)
         self.cache, self.dcache, self.state, readback, conf = self.decode_registry(
-            (rows, SampleMode(mode)), self._t_leaves, self._d_leaves, self.cache, self.dcache,
-            self.state, extra)
+            key, self._t_leaves, self._d_leaves, self.cache, self.dcache, self.state, extra)
         readback.copy_to_host_async()
         if depth > 0 and self.drafter is not None:
             self.dcache, self.state = self.draft_registry(depth, self._embed, self._d_leaves,
                                                           self.dcache, self.state)
         return readback, conf
+
+    def _catch_up(self) -> None:
+        """Dispatches the drafter's catch-up over what floor steps left it behind by: windows
+        of up to CATCH_UP_WINDOW positions per slot, each from where the last one stopped."""
+        behind, self._behind = self._behind, 0
+        widest = self.catch_up_registry.sizes[-1] if behind else 0
+        while behind > 0:
+            window = self.catch_up_registry.pick(min(behind, widest))
+            self.dcache = self.catch_up_registry(window, self._d_leaves, self.dcache,
+                                                 self.state)
+            behind -= window
+
+    @property
+    def floor_buckets(self) -> frozenset[int]:
+        """The decode buckets whose floor steps record instead of commit (none unless the
+        runner defers)."""
+        return self._floor_buckets
+
+    def discard_catch_up(self) -> None:
+        """Forgets what floor steps left the drafter behind by: for synthetic states whose
+        drafter cache nothing reads (the cost sweep's)."""
+        self._behind = 0

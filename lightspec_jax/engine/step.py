@@ -13,9 +13,12 @@ it until the device gets there, and with it the overlap of host and device work)
     verify   accepted prefix + bonus token per slot (the verifier: exact match by default)
     commit   seq_len += accepted + 1; stop ids and the allowance cut what is emitted and end
              requests on the device (pallas_kernels.commit)
-    commit'  the drafter's cache writes for the verified rows (and what drafting starts from)
+    commit'  the drafter's cache writes for the verified rows (and what drafting starts from);
+             at the floor, for a drafter that catches up, only a record of the rows' tokens
   then, in the draft executable of depth d (not run at depth 0, the planner's floor):
     draft    d draft tokens per slot that stepped and goes on
+  and, before a step that commits after floor steps that only recorded:
+    catch-up the drafter's forward over the positions it missed (a window W per executable)
 
 Plain decoding is the same step without a drafter: no proposal, one row per active slot.
 Sampling takes a static SampleMode (the host knows its requests' parameters).
@@ -82,9 +85,10 @@ def prefill(target: Qwen3, drafter: Drafter | None, d_leaves, cache: KVCache, dc
 
 def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KVCache, dcache,
            state: SlotState, extra, *, num_rows: int, mode: SampleMode,
-           row_tile: int | None = None):
+           row_tile: int | None = None, commit_drafter: bool = True):
     """fill -> target over B rows -> verify -> commit -> the drafter's commit. row_tile: as
-    for `prefill`.
+    for `prefill`. commit_drafter False (a floor step, drafters that catch up): the drafter
+    only records the rows, and `catch_up` must run before the next step that commits.
 
     Returns (cache, dcache, state, readback [N, K+1+5] (batch.Readback), verified proposal's
     confidences [N, K]). `state.drafting` marks the slots a following `draft` proposes for.
@@ -125,9 +129,18 @@ def decode(target: Qwen3, drafter: Drafter | None, verifier, d_leaves, cache: KV
     if drafter is not None:
         rows = DraftRows(token=row_token, next_token=target_tokens, hidden=out.aux_hidden,
                          position=row_pos, slot=layout.row_slot)
-        dcache = drafter.commit(d_leaves, dcache, rows, tail_row=done.tail_row,
-                                target_embed=target.embed[...])
+        if commit_drafter:
+            dcache = drafter.commit(d_leaves, dcache, rows, tail_row=done.tail_row,
+                                    target_embed=target.embed[...])
+        else:
+            dcache = drafter.record(d_leaves, dcache, rows)
     return out.cache, dcache, state, readback, verified_conf
+
+
+def catch_up(drafter: Drafter, d_leaves, dcache, state: SlotState, *, window: int):
+    """The drafter's forward over up to `window` (static) positions per slot that floor steps
+    only recorded, before state.seq_len. Returns dcache."""
+    return drafter.catch_up(d_leaves, dcache, seq_len=state.seq_len, window=window)
 
 
 def draft(target_embed: jax.Array, drafter: Drafter, verifier, d_leaves, dcache,

@@ -33,8 +33,10 @@ def test_variants_parse_labels_options_and_a_forced_depth(bench):
     assert (v.label, v.depth, v.force_depth) == ("dynamic,force_depth=2,stat_half_life=none", 7, 2)
     assert v.options == {"stat_half_life": None}
     assert bench.parse_variant("none").depth == 0
+    assert bench.parse_variant("dynamic:7").catch_up
+    assert not bench.parse_variant("commit=dynamic:7,catch_up=false").catch_up
     for bad in ("static:3,calibrate=false", "dynamic:7,calibrate", "dynamic:7,x=abc",
-                "dynamc:7"):
+                "dynamc:7", "static:3,catch_up=false"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_variant(bad)
 

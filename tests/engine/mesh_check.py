@@ -11,7 +11,7 @@ the same cost tables and no online refresh, must also plan the same steps and ve
 rows per slot (the fill's top-B is global over the slots); with it, no replica may verify
 more than its B / D rows. Every engine serves with forbid_recompile. Also: each replica's
 fill on its own slots, the n-gram, draft-LM and DFlash drafters at DP=2 against plain
-decoding, seeded sampling at DP=2 against one device, the bucket floor of an unbalanced DP
+decoding, the draft LM's floor catch-up at DP=2 (its cache current whenever it drafts), seeded sampling at DP=2 against one device, the bucket floor of an unbalanced DP
 batch, per-device bytes against the shardings, the collectives and per-device FLOPs of the
 largest verify, prefill and draft steps (per layer: the body of the scan over the layers),
 and configuration errors.
@@ -27,6 +27,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -41,6 +42,8 @@ from lightspec_jax.assets import tiny_pair  # noqa: E402
 from lightspec_jax.checkpoint import convert_qwen3, load_qwen3, load_qwen3_placed  # noqa: E402
 from lightspec_jax.engine.mesh_report import replicated_bytes, step_report  # noqa: E402
 from lightspec_jax.engine.sharding import MODEL, leaf_paths, make_mesh  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from draft_lm_current import check_draft_lm_current  # noqa: E402
 from mesh_cases import (BASE, COSTS, K, check, check_served, failures,  # noqa: E402
                         policy_config, recorded, scenarios, serve)
 
@@ -58,6 +61,53 @@ def layout_config(name: str) -> dict:
         fields["mesh"] = make_mesh(tensor_parallel_size=2, data_parallel_size=2,
                                    devices=jax.devices()[4:])
     return fields
+
+
+def check_floor_catch_up(engine: Engine, plain: Engine) -> dict:
+    """A dynamic draft-LM engine at DP=2 drafts nothing for a run of steps (the floor: each
+    replica's steps only record their rows), then drafts again: whenever a step drafts, the
+    draft model's cache on every replica is current (tests/draft_lm_current.py)."""
+    planner, runner = engine.planner, engine.runner
+    check(runner.defers and runner.replicas == 2, "the DP=2 draft-LM engine does not defer")
+    decide, calls = planner._next_depth, []
+
+    def scripted(costs, n):  # drafts K, then 5 decisions at the floor, then K again
+        decide(costs, n)
+        calls.append(n)
+        return (0 if 2 <= len(calls) < 7 else K), 0.0
+
+    planner._next_depth, options = scripted, planner.options
+    planner.options = dataclasses.replace(options, explore_fraction=0.0)  # no probes
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(2, 500, size=int(rng.integers(3, 12))).tolist() for _ in range(4)]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = [o.token_ids for o in plain.generate(prompts, params)]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"floor-{i}", prompt, params)
+    requests = [engine._requests[f"floor-{i}"] for i in range(4)]
+    floors = checked = 0
+    outs = {r.request_id: [] for r in requests}
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                outs[out.request_id] += out.new_token_ids
+            plan = engine._in_flight.plan if engine._in_flight is not None else None
+            if plan is None:
+                continue
+            floors += plan.draft_depth == 0
+            if plan.draft_depth:
+                checked += check_draft_lm_current(engine, {
+                    r.slot: p + t for r, p, t in zip(requests, prompts, ref)
+                    if r.slot is not None})
+    except AssertionError as e:
+        check(False, f"dp2/draft_lm floor catch-up: {e}")
+    finally:
+        planner._next_depth, planner.options = decide, options
+    check([outs[r.request_id] for r in requests] == ref, "dp2/draft_lm floor run differs "
+                                                         "from plain decoding")
+    check(floors >= 5 and checked >= 8, f"dp2/draft_lm: {floors} floor steps, {checked} "
+                                         "slot checks: the scripted floor did not run")
+    return {"floor_steps": floors, "slots_checked": checked}
 
 
 def main() -> int:
@@ -124,6 +174,8 @@ def main() -> int:
                 if reason != "abort" and got_out[rid][1] != "abort":
                     check(got_out[rid] == (tokens, reason), f"dp2/{method} case {i} {rid} "
                                                             "differs from plain decoding")
+        if method == "draft_lm":
+            summary["draft_lm_catch_up"] = check_floor_catch_up(engine, ref["plain"])
         summary["seconds"][f"dp2/{method}"] = round(time.perf_counter() - t0, 2)
     # Seeded sampling (draws keyed by seed and position): a dynamic engine at DP=2 equals
     # the single-device plain engine's sampled output.

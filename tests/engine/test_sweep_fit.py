@@ -8,19 +8,22 @@ import numpy as np
 from lightspec_jax.engine import costs
 
 
-def _fake_runner(sizes, max_depth):
+def _fake_runner(sizes, max_depth, floor_buckets=frozenset()):
     """What profile_costs reads of a runner, with the timing itself faked by the test."""
     registry = SimpleNamespace(sizes=sizes, pick=lambda n: sizes[0])
     return SimpleNamespace(decode_registry=registry, num_slots=4, max_depth=max_depth,
-                           cache_len=256, empty_state=lambda: None, place_state=lambda s: s)
+                           cache_len=256, empty_state=lambda: None, place_state=lambda s: s,
+                           floor_buckets=floor_buckets, discard_catch_up=lambda: None)
 
 
 def test_depth_prices_never_fall_with_depth(monkeypatch):
     # Timed (depth 0, depth d) pairs at the home bucket: d = 2 and d = 4 came out cheap.
     added = {1: 0.68, 2: 0.52, 3: 0.96, 4: 0.46, 5: 1.20, 6: -0.1}
 
-    def fake_time(runner, rows, depths, *, context, steps, repeats):
-        return [10.0] if depths == (0,) else [10.0, 10.0 + added[depths[1]]]
+    def fake_time(runner, rows, variants, *, context, steps, repeats):
+        if len(variants) == 1:
+            return [10.0]
+        return [10.0, 10.0 + added[variants[1][0]]]
 
     monkeypatch.setattr(costs, "_time_decode", fake_time)
     runner = _fake_runner((4, 8, 16), max_depth=6)
@@ -40,10 +43,31 @@ def test_verify_table_follows_the_attention_route(monkeypatch):
     (what a speculating engine sees), the one-row-per-request bucket must scale with it, not
     take the large bucket's added milliseconds."""
     monkeypatch.setattr(costs, "_time_decode",
-                        lambda runner, rows, depths, **kw: [float(rows)] * len(depths))
+                        lambda runner, rows, variants, **kw: [float(rows)] * len(variants))
     runner = _fake_runner((4, 8, 12), max_depth=2)
     target = costs.profile_costs(runner, depths=(1, 2), show_progress=False).target
     assert target.impute == costs.verify_context_rule() == "scale"  # the CPU backend
     longer = 3 * 4 * 64
     target.update(12, 24.0, longer)  # the 12-row bucket took twice its sweep time there
     assert target.estimate(4, longer) == 8.0  # scaled; a shift would have given 4 + 12 = 16
+
+
+def test_a_drafter_that_catches_up_has_its_commit_priced_as_drafting(monkeypatch):
+    """At the floor buckets (a draft LM's, runner.floor_buckets) a step that drafts nothing
+    only records its rows: the verify table holds that step, and the draft table (what a
+    drafting step adds at B) the committing step less it. Larger buckets always commit."""
+    commit_ms = {4: 1.5, 8: 2.5}
+
+    def fake_time(runner, rows, variants, **kw):
+        assert all(not d for d, _ in variants) or variants == ((0, True), (variants[1][0], True))
+        return [10.0 * rows + (commit_ms[rows] if commit and not depth and len(variants) == 2
+                               and not variants[1][1] else 0.0) + depth
+                for depth, commit in variants]
+
+    monkeypatch.setattr(costs, "_time_decode", fake_time)
+    runner = _fake_runner((4, 8, 16), max_depth=2, floor_buckets=frozenset({4, 8}))
+    profile = costs.profile_costs(runner, depths=(1, 2), show_progress=False)
+    assert [profile.target.estimate(b) for b in (4, 8, 16)] == [40.0, 80.0, 160.0]
+    np.testing.assert_allclose([profile.draft.estimate(b) for b in (4, 8)], [1.5, 2.5])
+    assert profile.draft.estimate(16) < 0.01  # placeholder: its steps commit at every depth
+    assert profile.draft_depth_ms == {1: 1.0, 2: 2.0}

@@ -36,10 +36,14 @@ def test_refreshed_cells_stay_near_the_sweep(spec_engines):
     planner = engine.planner
     # The draft table (drafting's part that follows B) is nil by construction - the verify
     # step writes the drafter's cache at every depth - so its swept cells are a placeholder
-    # with no size to keep; the measured tables are the target's and the draft step's.
-    assert max(_reference_column(planner.draft_costs.to_json()).values()) <= 1e-3
+    # with no size to keep, except at the floor buckets of a drafter that catches up (this
+    # draft LM): there a floor step only records, and the table holds the commit forward.
+    floor = engine.runner.floor_buckets
+    draft = _reference_column(planner.draft_costs.to_json())
+    assert floor and max(ms for rows, ms in draft.items() if int(rows) not in floor) <= 1e-3
     sweep = {k: _reference_column(t.to_json()) for k, t in
              (("target", planner.target_costs), ("depth", planner.depth_costs))}
+    sweep["draft"] = {rows: ms for rows, ms in draft.items() if int(rows) in floor}
     rng = np.random.default_rng(0)
     prompts = [rng.integers(2, 250, size=6).tolist() for _ in range(8)]
     engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
@@ -47,7 +51,8 @@ def test_refreshed_cells_stay_near_the_sweep(spec_engines):
         table = getattr(planner, f"{name}_costs").to_json()
         for column in table["columns"]:
             for rows, ms in column["rows"].items():
-                assert ms > 0.1 * reference[rows], (name, column["context_len"], rows, ms)
+                if rows in reference:
+                    assert ms > 0.1 * reference[rows], (name, column["context_len"], rows, ms)
 
 
 def _reference_column(table: dict) -> dict:

@@ -10,10 +10,12 @@ import pytest
 from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig
 from lightspec_jax.checkpoint import load_qwen3
 from lightspec_jax.drafters import DraftLMDrafter
+from lightspec_jax.engine.runner import CATCH_UP_WINDOW
 from lightspec_jax.planner import CostTable
 from lightspec_jax.planner.base import BasePlanner
 
 from conftest import BASE
+from draft_lm_current import check_draft_lm_current
 
 BUCKETS = (4, 8, 16)
 DEPTH = 3
@@ -97,3 +99,51 @@ def test_eagle3_floor_runs_stay_lossless(spec_engines, plain_engine):
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
     drafted = [s.draft_depth for s in steps if s.num_requests]
     assert drafted.count(0) > 5 and max(drafted) > 0, drafted
+
+
+def test_draft_lm_floor_records_and_catches_up_before_it_commits(copy_engine, plain_engine):
+    """The draft LM's floor steps only record their rows (a plain step's cost); the next step
+    that commits first catches the draft model up, so every time it drafts its K/V at each
+    committed position equal a forward over the committed tokens from scratch - after a floor
+    run within one catch-up window and one longer than a window (runner.CATCH_UP_WINDOW)."""
+    engine, runner = copy_engine, copy_engine.runner
+    assert runner.defers and runner.catch_up_registry.sizes[-1] == CATCH_UP_WINDOW
+    long_run = CATCH_UP_WINDOW + 5
+    floors = set(range(3, 3 + long_run)) | {long_run + 7, long_run + 8, long_run + 9}
+    engine.planner = ScriptedPlanner(engine.planner.spec,
+                                     lambda call: 0 if call in floors else DEPTH)
+    prompts = {"a": [3, 8, 13], "b": [50, 60], "c": [7] * 5, "d": [99, 1, 98]}
+    params = SamplingParams(max_tokens=70, ignore_eos=True)
+    ref = {k: o.token_ids for k, o in zip(prompts, plain_engine.generate(list(prompts.values()),
+                                                                         params))}
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, params)
+    requests = dict(engine._requests)
+    behind = []  # what each catch-up made up for (positions per slot, an upper bound)
+    catch_up = runner._catch_up
+
+    def counted():
+        behind.append(runner._behind)
+        catch_up()
+
+    runner._catch_up = counted
+    checked, outs = 0, {k: [] for k in prompts}
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                outs[out.request_id] += out.new_token_ids
+            flight = engine._in_flight
+            if flight is None or flight.plan is None or flight.plan.draft_depth == 0:
+                continue
+            # The step just dispatched committed and drafted: the drafter is current.
+            checked += check_draft_lm_current(engine, {
+                r.slot: prompts[rid] + ref[rid] for rid, r in requests.items()
+                if r.slot is not None})
+    finally:
+        del runner._catch_up
+    assert outs == ref  # lossless throughout
+    assert checked > 20
+    caught = [b for b in behind if b]
+    # The long floor run (its first step verifies the last proposal and commits) and the
+    # short one, each one position per slot and step.
+    assert caught == [long_run - 1, 2], behind

@@ -8,6 +8,9 @@ The distribution tests have power: the same statistic rejects a deliberately wro
 
 import collections
 import gc
+import json
+import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +22,7 @@ from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfi
 from lightspec_jax.checkpoint import load_qwen3
 from lightspec_jax.drafters import DraftLMDrafter, Eagle3Drafter
 from lightspec_jax.engine.verifier import RejectionSampling, rejection_outcome
+from lightspec_jax.planner import CostTable
 from lightspec_jax.sampling import ProposalSampling, draw, draw_proposal
 
 from conftest import BASE, random_eagle3
@@ -216,13 +220,24 @@ class _Engines:
         flat = name in ("flat", "wrong")
         exact = name in ("copy_exact", "copy_coupled")
         slots = 32 if flat else 16
+        buckets = (slots, 2 * slots, 4 * slots)
+        costs = {}
+        if flat:
+            # Fixed prices under which drafting pays: the draft model is the target's size,
+            # so with measured ones the planner rightly sits at the floor, and too few tokens
+            # would be decided by a draft's test to tell the wrong verifier apart.
+            path = os.path.join(tempfile.mkdtemp(), "costs.json")
+            with open(path, "w") as f:
+                json.dump({"target": CostTable(dict(zip(buckets, (1.0, 1.3, 2.0)))).to_json(),
+                           "draft": CostTable({b: 0.01 for b in buckets}).to_json()}, f)
+            costs = dict(cost_table_path=path, refresh_costs=False)
         config = EngineConfig(
-            max_num_seqs=slots, verify_buckets=(slots, 2 * slots, 4 * slots), row_buckets=(32,),
+            max_num_seqs=slots, verify_buckets=buckets, row_buckets=(32,),
             speculative=SpeculativeConfig(
                 policy="dynamic" if flat else "static", num_speculative_tokens=3,
                 verification="exact" if exact else "probabilistic",
                 coupled_drafts=name == "copy_coupled"),
-            **BASE)
+            **costs, **BASE)
         drafter = (_flat_copy_drafter(self.target_dir) if flat else
                    DraftLMDrafter(load_qwen3(self.target_dir), seed=7))
         return Engine(load_qwen3(self.target_dir), config=config, drafter=drafter,
