@@ -17,10 +17,10 @@ acceptance and bonus tokens, next to partial rejections - what the lossless test
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
-
-from typing import NamedTuple
 
 from lightspec_jax.models import KVCache, Qwen3
 
