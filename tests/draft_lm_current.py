@@ -1,7 +1,8 @@
 """The draft LM's cache is current: at every committed position of a decoding slot its K/V
 equal a forward over the committed tokens from scratch. Floor steps only record their rows
 (drafters/base.py); the catch-up before the next step that commits must leave exactly this.
-Shared by the single-device floor test and the data-parallel mesh check."""
+Shared by the single-device floor test and the data-parallel mesh check, which both serve
+through `serve_checking_current`."""
 
 from __future__ import annotations
 
@@ -39,3 +40,28 @@ def check_draft_lm_current(engine, committed: dict[int, list[int]], *, tol: floa
                                        atol=tol, err_msg=f"slot {slot}: draft K/V differ")
         checked += 1
     return checked
+
+
+def serve_checking_current(engine, prompts: dict[str, list[int]], ref: dict[str, list[int]],
+                           params) -> tuple[dict[str, list[int]], int, int]:
+    """Serves `prompts` (request id -> prompt) step by step; after every step whose plan
+    drafted, checks that the draft model is current for each decoding slot, against the
+    prompt and `ref`'s output (what plain decoding produced). Returns (each request's output
+    tokens, steps that drafted nothing, slots checked)."""
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, params)
+    requests = {rid: engine._requests[rid] for rid in prompts}
+    outs = {rid: [] for rid in prompts}
+    floors = checked = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outs[out.request_id] += out.new_token_ids
+        flight = engine._in_flight
+        if flight is None or flight.plan is None:
+            continue
+        floors += flight.plan.draft_depth == 0
+        if flight.plan.draft_depth:  # the step just dispatched committed and drafted
+            checked += check_draft_lm_current(engine, {
+                r.slot: prompts[rid] + ref[rid] for rid, r in requests.items()
+                if r.slot is not None})
+    return outs, floors, checked

@@ -75,7 +75,7 @@ class ModelRunner:
         self.drafter = drafter
         self.verifier = verifier or ExactMatch()
         self.columns = Readback(width=k + 1)
-        self.defers = bool(defer_commit and drafter is not None and drafter.catches_up)
+        defers = defer_commit and drafter is not None and drafter.catches_up
         self._behind = 0  # positions per slot the drafter may have missed (an upper bound)
         graphdef, t_state = nnx.split(target)
         self._t_leaves, t_treedef = jax.tree.flatten(t_state)
@@ -202,9 +202,9 @@ class ModelRunner:
         self.write_registry = BucketRegistry("slot write", powers_of_two(n, base=4))
         # Floor steps verify one row per slot: the buckets up to N's record instead of commit.
         home = self.decode_registry.pick(n)
-        self._floor_buckets = frozenset(b for b in decode_buckets if b <= home and self.defers)
+        self._floor_buckets = frozenset(b for b in decode_buckets if b <= home and defers)
         self.catch_up_registry = BucketRegistry(
-            "drafter catch-up", powers_of_two(CATCH_UP_WINDOW) if self.defers else ())
+            "drafter catch-up", powers_of_two(CATCH_UP_WINDOW) if defers else ())
         t_abs, d_abs = spec(self._t_leaves), spec(self._d_leaves)
         cache_abs, dcache_abs, state_abs = (spec(x) for x in
                                             (self.cache, self.dcache, self.state))
@@ -407,6 +407,12 @@ class ModelRunner:
         """The decode buckets whose floor steps record instead of commit (none unless the
         runner defers)."""
         return self._floor_buckets
+
+    @property
+    def behind(self) -> int:
+        """Positions per slot the drafter may be behind (an upper bound): what the next step
+        that commits catches up first."""
+        return self._behind
 
     def discard_catch_up(self) -> None:
         """Forgets what floor steps left the drafter behind by: for synthetic states whose

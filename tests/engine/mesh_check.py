@@ -43,7 +43,7 @@ from lightspec_jax.checkpoint import convert_qwen3, load_qwen3, load_qwen3_place
 from lightspec_jax.engine.mesh_report import replicated_bytes, step_report  # noqa: E402
 from lightspec_jax.engine.sharding import MODEL, leaf_paths, make_mesh  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-from draft_lm_current import check_draft_lm_current  # noqa: E402
+from draft_lm_current import serve_checking_current  # noqa: E402
 from mesh_cases import (BASE, COSTS, K, check, check_served, failures,  # noqa: E402
                         policy_config, recorded, scenarios, serve)
 
@@ -68,7 +68,7 @@ def check_floor_catch_up(engine: Engine, plain: Engine) -> dict:
     replica's steps only record their rows), then drafts again: whenever a step drafts, the
     draft model's cache on every replica is current (tests/draft_lm_current.py)."""
     planner, runner = engine.planner, engine.runner
-    check(runner.defers and runner.replicas == 2, "the DP=2 draft-LM engine does not defer")
+    check(runner.floor_buckets and runner.replicas == 2, "the DP=2 draft-LM engine does not defer")
     decide, calls = planner._next_depth, []
 
     def scripted(costs, n):  # drafts K, then 5 decisions at the floor, then K again
@@ -79,32 +79,19 @@ def check_floor_catch_up(engine: Engine, plain: Engine) -> dict:
     planner._next_depth, options = scripted, planner.options
     planner.options = dataclasses.replace(options, explore_fraction=0.0)  # no probes
     rng = np.random.default_rng(8)
-    prompts = [rng.integers(2, 500, size=int(rng.integers(3, 12))).tolist() for _ in range(4)]
+    prompts = {f"floor-{i}": rng.integers(2, 500, size=int(rng.integers(3, 12))).tolist()
+               for i in range(4)}
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    ref = [o.token_ids for o in plain.generate(prompts, params)]
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"floor-{i}", prompt, params)
-    requests = [engine._requests[f"floor-{i}"] for i in range(4)]
-    floors = checked = 0
-    outs = {r.request_id: [] for r in requests}
+    ref = dict(zip(prompts, (o.token_ids for o in plain.generate(list(prompts.values()),
+                                                                  params))))
+    outs, floors, checked = {}, 0, 0
     try:
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                outs[out.request_id] += out.new_token_ids
-            plan = engine._in_flight.plan if engine._in_flight is not None else None
-            if plan is None:
-                continue
-            floors += plan.draft_depth == 0
-            if plan.draft_depth:
-                checked += check_draft_lm_current(engine, {
-                    r.slot: p + t for r, p, t in zip(requests, prompts, ref)
-                    if r.slot is not None})
+        outs, floors, checked = serve_checking_current(engine, prompts, ref, params)
     except AssertionError as e:
         check(False, f"dp2/draft_lm floor catch-up: {e}")
     finally:
         planner._next_depth, planner.options = decide, options
-    check([outs[r.request_id] for r in requests] == ref, "dp2/draft_lm floor run differs "
-                                                         "from plain decoding")
+    check(outs == ref, "dp2/draft_lm floor run differs from plain decoding")
     check(floors >= 5 and checked >= 8, f"dp2/draft_lm: {floors} floor steps, {checked} "
                                          "slot checks: the scripted floor did not run")
     return {"floor_steps": floors, "slots_checked": checked}

@@ -15,7 +15,7 @@ from lightspec_jax.planner import CostTable
 from lightspec_jax.planner.base import BasePlanner
 
 from conftest import BASE
-from draft_lm_current import check_draft_lm_current
+from draft_lm_current import serve_checking_current
 
 BUCKETS = (4, 8, 16)
 DEPTH = 3
@@ -107,7 +107,7 @@ def test_draft_lm_floor_records_and_catches_up_before_it_commits(copy_engine, pl
     committed position equal a forward over the committed tokens from scratch - after a floor
     run within one catch-up window and one longer than a window (runner.CATCH_UP_WINDOW)."""
     engine, runner = copy_engine, copy_engine.runner
-    assert runner.defers and runner.catch_up_registry.sizes[-1] == CATCH_UP_WINDOW
+    assert runner.floor_buckets and runner.catch_up_registry.sizes[-1] == CATCH_UP_WINDOW
     long_run = CATCH_UP_WINDOW + 5
     floors = set(range(3, 3 + long_run)) | {long_run + 7, long_run + 8, long_run + 9}
     engine.planner = ScriptedPlanner(engine.planner.spec,
@@ -116,29 +116,16 @@ def test_draft_lm_floor_records_and_catches_up_before_it_commits(copy_engine, pl
     params = SamplingParams(max_tokens=70, ignore_eos=True)
     ref = {k: o.token_ids for k, o in zip(prompts, plain_engine.generate(list(prompts.values()),
                                                                          params))}
-    for rid, prompt in prompts.items():
-        engine.add_request(rid, prompt, params)
-    requests = dict(engine._requests)
     behind = []  # what each catch-up made up for (positions per slot, an upper bound)
     catch_up = runner._catch_up
 
     def counted():
-        behind.append(runner._behind)
+        behind.append(runner.behind)
         catch_up()
 
     runner._catch_up = counted
-    checked, outs = 0, {k: [] for k in prompts}
     try:
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                outs[out.request_id] += out.new_token_ids
-            flight = engine._in_flight
-            if flight is None or flight.plan is None or flight.plan.draft_depth == 0:
-                continue
-            # The step just dispatched committed and drafted: the drafter is current.
-            checked += check_draft_lm_current(engine, {
-                r.slot: prompts[rid] + ref[rid] for rid, r in requests.items()
-                if r.slot is not None})
+        outs, _, checked = serve_checking_current(engine, prompts, ref, params)
     finally:
         del runner._catch_up
     assert outs == ref  # lossless throughout
