@@ -5,10 +5,11 @@
 
 or, in a custom serving loop: add_request / step / abort / has_unfinished_requests.
 
-One engine step reads as the algorithm: schedule (admit, prefill chunks) -> plan (the verify
-bucket B and next draft depth d) -> run (dispatch slot writes, prefill, the decode step and
-its drafting, nothing waits) -> postprocess (read the previous step back, one packed array; the
-scheduler applies it) -> observe (planner statistics, cost refresh, step records, observers).
+One engine step reads as the algorithm: schedule (admit, prefill chunks: scheduler.py) ->
+plan (the verify bucket B and next draft depth d: planning.py) -> run (dispatch slot writes,
+prefill, the decode step and its drafting, nothing waits: runner.py) -> postprocess (read the
+previous step back, one packed array; the scheduler applies it) -> observe (planner
+statistics and cost refresh: feedback.py; step records, observers).
 Step i+1 is dispatched before step i is read (`overlap`), so host work hides behind the device.
 """
 
@@ -22,7 +23,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from lightspec_jax.planner import PlannerSpec, StepPlan, make_planner
+from lightspec_jax.planner import StepPlan
 
 from ..config import BATCH_INVARIANT_ROW_TILE, EngineConfig, Policy, SamplingParams
 from ..drafters import Drafter, NgramDrafter
@@ -31,11 +32,10 @@ from ..request import Request, RequestError, RequestOutput
 from ..tokenizer import Tokenizer
 from .intake import make_request
 from .buckets import CompileWatch, lazy_compile_events, powers_of_two, verify_buckets
-from .costs import CostStore
-from .feedback import PlannerFeedback
 from .multihost import Lockstep
+from .planning import StepPlanning
 from .runner import ModelRunner
-from .scheduler import Scheduler, rows_needed
+from .scheduler import Scheduler
 from .sharding import MeshLayout, engine_mesh
 from .verifier import verifier_for
 
@@ -205,45 +205,8 @@ class Engine:
                   f"{len(prefill_buckets)} prefill buckets {list(prefill_buckets)} and "
                   f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
                   f"{self.compile_seconds:.1f} s")
-        self.planner = self.cost_profile = self._feedback = self._shared_plans = None
-        if speculative:
-            tables, store = {}, None
-            # Full width needs no prices: static decoding sweeps only to fill a given path.
-            if spec.policy is not Policy.STATIC or config.cost_table_path:
-                store = CostStore.for_engine(config, self.runner, model, depths=depths,
-                                             policy=spec.policy.value)
-                self.cost_profile = store.load_or_sweep(
-                    self.runner, depths=depths, show_progress=config.show_progress,
-                    lockstep=lockstep)
-                p = self.cost_profile
-                tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
-            # A dynamic engine reuses a decision for up to 4 steps of one shape: deciding is
-            # most of plan()'s host time, which at high concurrency is step time.
-            options = ({"depth": k} if spec.policy is Policy.STATIC else
-                       {"replan_every": 4} if spec.policy is Policy.DYNAMIC else {})
-            # The verify step keeps the drafter's cache current at every depth (a parallel
-            # drafter's too: its commit writes the context; one that catches up does so
-            # before it drafts again), so depth 0 (no draft step) is a choice: the
-            # no-speculation floor.
-            floor = spec.policy is Policy.DYNAMIC
-            block = drafter.block_size if parallel else None  # rows of one block forward
-            lead = drafter.block_lead if parallel else None  # rows of a cut block past d
-            self.planner = make_planner(
-                spec.policy.value, PlannerSpec(verify_buckets=decode_buckets, draft_depths=depths,
-                                               max_depth=k, drafter_kind=drafter.kind,
-                                               block_size=block, block_lead=lead,
-                                               floor=floor),
-                overlap=hides_host_time(config), **tables, **options)
-            # Over several processes, a plan that follows measured times is process 0's; a
-            # static plan follows the requests alone. Process 0 alone learns and writes.
-            if lockstep is not None and spec.policy is not Policy.STATIC:
-                self._shared_plans = lockstep
-            if lockstep is None or lockstep.leads:
-                self._feedback = PlannerFeedback(
-                    self.planner, refresh_costs=config.refresh_costs,
-                    keep_confidences=spec.policy is Policy.DSPARK,
-                    short_proposals=drafter.short_proposals, cost_store=store,
-                    cost_profile=self.cost_profile)
+        self.planning = StepPlanning(config, model, self.runner, drafter, depths=depths,
+                                     overlap=hides_host_time(config), lockstep=lockstep)
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens,
@@ -257,6 +220,20 @@ class Engine:
         self._steps = 0
         self._plan_ms = 0.0  # planner time within the current step()
         self._last_readback = None  # the last decode step's read-back, on the device
+
+    @property
+    def planner(self):
+        """The step planner (lightspec_jax.planner); None for plain decoding."""
+        return self.planning.planner
+
+    @planner.setter
+    def planner(self, planner) -> None:  # tests and tools script the plans
+        self.planning.planner = planner
+
+    @property
+    def cost_profile(self):
+        """The prices the planner started from (costs.CostProfile); None without a sweep."""
+        return self.planning.cost_profile
 
     @classmethod
     def from_pretrained(cls, target_path: str, drafter_path: str | None = None, *,
@@ -372,8 +349,8 @@ class Engine:
             for out in self.step():
                 if out.finished:
                     results[out.request_id] = out
-        if self._feedback is not None:
-            self._feedback.save()
+        if self.planning.feedback is not None:
+            self.planning.feedback.save()
         return [results[r.request_id] for r in requests]
 
     # --- one step ---------------------------------------------------------------------------
@@ -404,7 +381,11 @@ class Engine:
         busy = self._last_readback is not None and not self._last_readback.is_ready()
         if batch.num_decoding:
             started = time.perf_counter()
-            plan = self._plan(batch)
+            # The host's view of each request's remaining allowance lags the step in flight,
+            # which emits at least one token per request.
+            lag = int(self.config.overlap and self._in_flight is not None
+                      and self._in_flight.readback is not None)
+            plan = self.planning.plan(batch, scheduler, lag=lag)
             self._plan_ms += 1e3 * (time.perf_counter() - started)
             readback, conf = runner.decode(plan.verify_rows, plan.draft_depth,
                                            self.verifier.host_inputs(scheduler.decoding),
@@ -419,41 +400,6 @@ class Engine:
                          with_proposal=batch.with_proposal, prefill_rows=batch.prefill_rows,
                          context_len=batch.context_len,
                          busy_at_enqueue=busy, dispatched_at=time.perf_counter())
-
-    def _plan(self, batch) -> StepPlan:
-        plan = self._choose(batch)
-        replicas = self.runner.replicas
-        if replicas > 1:
-            # Each data-parallel replica verifies B / D rows of its own slots: B must give the
-            # busiest one a row per decoding slot (one device: B >= N already).
-            need = rows_needed(self.scheduler.decoding, replicas)
-            if plan.verify_rows < need:
-                plan = dataclasses.replace(plan,
-                                           verify_rows=self.runner.decode_registry.pick(need))
-        return plan
-
-    def _choose(self, batch) -> StepPlan:
-        n = batch.num_decoding
-        if self.planner is None:  # plain decoding: one row per decoding request
-            rows = self.runner.decode_registry.pick(n)
-            return StepPlan(num_requests=n, num_with_proposal=0, verified_depth=0, fill_rows=n,
-                            verify_rows=rows, draft_depth=0, update_stats=False, reason="plain")
-        shared = self._shared_plans
-        if shared is not None and not shared.leads:
-            return shared.plan(None)  # process 0's
-        conf = None if self._feedback is None else self._feedback.last_conf
-        confidences = None if conf is None else conf[self.scheduler.decoding]
-        # The host's view of each request's remaining allowance lags the step in flight, which
-        # emits at least one token per request.
-        lag = int(self.config.overlap and self._in_flight is not None
-                  and self._in_flight.readback is not None)
-        decoding = self.scheduler.decoding
-        remaining = np.maximum(self.scheduler.remaining[decoding] - lag, 1)
-        plan = self.planner.plan(num_requests=n, num_with_proposal=batch.num_with_proposal,
-                                 confidences=confidences, context_len=batch.context_len,
-                                 remaining=remaining,
-                                 sampling_classes=self.scheduler.acceptance_class[decoding])
-        return plan if shared is None else shared.plan(plan)
 
     def _postprocess(self, flight: _InFlight):
         """Reads a step back (one packed array) and lets the scheduler apply it."""
@@ -488,8 +434,9 @@ class Engine:
         t.drafted += int(readback[live, c.offered].sum())
         t.verified += int(verified.sum())
         t.accepted += int(accepted.sum())
-        if self._feedback is not None:
-            self._plan_ms += self._feedback.learn(
+        feedback = self.planning.feedback
+        if feedback is not None:
+            self._plan_ms += feedback.learn(
                 flight, readback, columns=c, live=live, remaining=self.scheduler.remaining,
                 classes=self.scheduler.acceptance_class, waited=waited, ready=ready)
         return dict(num_requests=len(accepted), verify_rows=plan.verify_rows,
@@ -503,8 +450,8 @@ class Engine:
             event.record, host_ms=host_ms, plan_ms=self._plan_ms))
         self._plan_ms = 0.0
         self.stats.record(event.record)
-        if self._feedback is not None:
-            self._feedback.record(event, host_ms=host_ms, drafted=drafted, sample=sample,
+        if self.planning.feedback is not None:
+            self.planning.feedback.record(event, host_ms=host_ms, drafted=drafted, sample=sample,
                                   decode_steps=self.stats.decode_steps)
         for observer in self._observers:
             observer(event)
