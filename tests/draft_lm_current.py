@@ -6,10 +6,35 @@ through `serve_checking_current`."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lightspec_jax.models import KVCache
+
+
+_FORWARDS: dict = {}  # id(drafter) -> its jitted from-scratch forward (one compile per shape)
+
+
+def _from_scratch(drafter):
+    """(param leaves, tokens [N, S]) -> the draft model's (K, V) [L, N, S, G, D] after one
+    forward over every slot's S positions into an empty cache: at a position p a causal
+    forward depends on tokens[:, :p + 1] alone, so what follows a slot's committed tokens
+    (padding) changes nothing before it."""
+    if id(drafter) not in _FORWARDS:
+        def forward(leaves, tokens):
+            model = drafter.module(leaves)
+            n, s = tokens.shape
+            c = model.config
+            fresh = KVCache.init(num_layers=c.num_layers, num_slots=n, max_len=s,
+                                 num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                                 dtype=leaves[0].dtype)
+            out = model(tokens.reshape(-1), jnp.tile(jnp.arange(s), n),
+                        jnp.repeat(jnp.arange(n), s), fresh,
+                        logits_rows=jnp.zeros((1,), jnp.int32)).cache
+            return out.k, out.v
+        _FORWARDS[id(drafter)] = jax.jit(forward)
+    return _FORWARDS[id(drafter)]
 
 
 def check_draft_lm_current(engine, committed: dict[int, list[int]], *, tol: float = 2e-5) -> int:
@@ -22,24 +47,23 @@ def check_draft_lm_current(engine, committed: dict[int, list[int]], *, tol: floa
     active = np.asarray(state.active)
     kv_k, kv_v = np.asarray(dcache.kv.k), np.asarray(dcache.kv.v)  # [L, N, S, G, D]
     recorded = np.asarray(dcache.tokens)  # [N, S]
-    model = engine.drafter.module(engine.drafter.param_leaves)
-    checked = 0
-    for slot, tokens in committed.items():
-        if not active[slot]:
-            continue
-        n = int(seq_len[slot])
+    tokens = np.zeros(recorded.shape, np.int32)
+    checks = {}  # slot -> committed length
+    for slot, ids in committed.items():
+        if active[slot]:
+            n = checks[slot] = int(seq_len[slot])
+            tokens[slot, :n] = ids[:n]
+    if not checks:
+        return 0
+    want = [np.asarray(x) for x in _from_scratch(engine.drafter)(runner._d_leaves, tokens)]
+    for slot, n in checks.items():
         assert length[slot] == n, f"slot {slot}: draft cache current to {length[slot]}, not {n}"
-        assert recorded[slot, :n].tolist() == tokens[:n], f"slot {slot}: recorded tokens differ"
-        fresh = KVCache.init(num_layers=kv_k.shape[0], num_slots=1, max_len=kv_k.shape[2],
-                             num_kv_heads=kv_k.shape[3], head_dim=kv_k.shape[4],
-                             dtype=dcache.kv.k.dtype)
-        want = model(jnp.asarray(tokens[:n]), jnp.arange(n), jnp.zeros(n, jnp.int32), fresh,
-                     logits_rows=jnp.zeros((1,), jnp.int32)).cache
-        for got, exp in ((kv_k, want.k), (kv_v, want.v)):
-            np.testing.assert_allclose(got[:, slot, :n], np.asarray(exp[:, 0, :n]), rtol=tol,
-                                       atol=tol, err_msg=f"slot {slot}: draft K/V differ")
-        checked += 1
-    return checked
+        assert recorded[slot, :n].tolist() == tokens[slot, :n].tolist(), \
+            f"slot {slot}: recorded tokens differ"
+        for got, exp in zip((kv_k, kv_v), want):
+            np.testing.assert_allclose(got[:, slot, :n], exp[:, slot, :n], rtol=tol, atol=tol,
+                                       err_msg=f"slot {slot}: draft K/V differ")
+    return len(checks)
 
 
 def serve_checking_current(engine, prompts: dict[str, list[int]], ref: dict[str, list[int]],
