@@ -42,6 +42,6 @@ def test_dry_run_writes_every_section(tmp_path):
             assert row["attention"] == "xla"  # the model's attention on CPU
 
     policies = [row["policy"] for row in results["serving"]]
-    assert policies == ["static K=11", "dynamic K=11", "static K=3", "none"]
+    assert policies == ["static K=5", "dynamic K=5", "static K=2", "none"]
     assert all(row["tok_s"] > 0 and row["c"] == 4 for row in results["serving"])
     assert "kernel tests:" in (tmp_path / "summary.txt").read_text()
