@@ -450,9 +450,10 @@ class Engine:
             event.record, host_ms=host_ms, plan_ms=self._plan_ms))
         self._plan_ms = 0.0
         self.stats.record(event.record)
-        if self.planning.feedback is not None:
-            self.planning.feedback.record(event, host_ms=host_ms, drafted=drafted, sample=sample,
-                                  decode_steps=self.stats.decode_steps)
+        feedback = self.planning.feedback
+        if feedback is not None:
+            feedback.record(event, host_ms=host_ms, drafted=drafted, sample=sample,
+                            decode_steps=self.stats.decode_steps)
         for observer in self._observers:
             observer(event)
 

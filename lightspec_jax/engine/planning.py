@@ -40,7 +40,6 @@ class StepPlanning:
         """depths: the draft depths the policy may plan; overlap: whether the loop hides host
         time under device time (engine.hides_host_time)."""
         self.runner = runner
-        self.config = config
         self.planner = self.cost_profile = self.feedback = self.shared = None
         spec = config.speculative
         if spec.policy is Policy.NONE:
