@@ -48,7 +48,7 @@ TABLES = ("target_costs", "draft_costs", "depth_costs", "host_costs")
 def record(args) -> None:
     import types
 
-    import lightspec_jax.engine.engine as engine_module
+    import lightspec_jax.engine.planning as planning_module
     from lightspec_jax.bench.serve import build_engine
     from lightspec_jax.bench.workloads import load_workload, workload_requests
     from lightspec_jax.tokenizer import Tokenizer
@@ -59,14 +59,14 @@ def record(args) -> None:
     prompts, params = workload_requests(items, max_tokens=args.max_tokens)
     longest = max(map(len, prompts))
     built = {}
-    make = engine_module.make_planner
+    make = planning_module.make_planner
 
     def capture(kind, spec, **kwargs):  # the engine's planner, as constructed
         built.update(kind=kind, spec=spec, kwargs={
             k: (v.to_json() if k in TABLES and v is not None else v) for k, v in kwargs.items()})
         return make(kind, spec, **kwargs)
 
-    engine_module.make_planner = capture
+    planning_module.make_planner = capture
     try:
         engine = build_engine(types.SimpleNamespace(target=f"{pair}/target",
                                                     drafter=f"{pair}/{args.drafter}",
@@ -75,7 +75,7 @@ def record(args) -> None:
                               max_model_len=longest + args.max_tokens + 1,
                               longest_prompt=longest)
     finally:
-        engine_module.make_planner = make
+        planning_module.make_planner = make
     calls = []
     planner = engine.planner
     for name in CALLS:

@@ -87,19 +87,19 @@ def parse_variant(text: str) -> Variant:
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
-    import lightspec_jax.engine.engine as engine_module
+    import lightspec_jax.engine.planning as planning_module
     from lightspec_jax.bench.serve import build_engine
     from lightspec_jax.drafters import DraftLMDrafter
 
-    make = engine_module.make_planner
-    engine_module.make_planner = lambda *a, **kw: make(*a, **{**kw, **variant.options})
+    make = planning_module.make_planner
+    planning_module.make_planner = lambda *a, **kw: make(*a, **{**kw, **variant.options})
     DraftLMDrafter.catches_up = variant.catch_up  # read once, when the runner is built
     try:
         engine = build_engine(args, policy=variant.policy, depth=variant.depth,
                               concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,
                               longest_prompt=longest)
     finally:
-        engine_module.make_planner = make
+        planning_module.make_planner = make
         DraftLMDrafter.catches_up = True
     if variant.force_depth is not None:
         planner, depth = engine.planner, variant.force_depth
