@@ -88,6 +88,24 @@ class SlotRows(NamedTuple):
                    stop_ids=np.full((size, MAX_STOP_IDS), -1, np.int32),
                    remaining=np.zeros((size,), np.int32))
 
+    @classmethod
+    def pack(cls, writes, size: int, num_slots: int) -> "SlotRows":
+        """The rows of `writes` ((slot, admitted request or None for a slot an abort left)
+        pairs), padded to `size`: an admitted request's sampling values, seed, stop ids and
+        allowance; a left slot's defaults."""
+        rows = cls.empty(size, num_slots)
+        for i, (slot, request) in enumerate(writes):
+            rows.slot[i] = slot
+            if request is not None:
+                p = request.params
+                rows.temperature[i], rows.top_k[i], rows.top_p[i] = (p.temperature, p.top_k,
+                                                                      p.top_p)
+                rows.seed[i] = request.seed
+                stops = sorted(request.stop_ids)
+                rows.stop_ids[i, :len(stops)] = stops
+                rows.remaining[i] = request.allowance
+        return rows
+
 
 def write_slots(state: SlotState, rows: SlotRows) -> SlotState:
     """Scatters admitted / leaving slots into the state; every written slot starts inactive,
@@ -131,6 +149,45 @@ class PrefillInputs(NamedTuple):
                    row_next_token=np.zeros((rows,), np.int32),
                    sample_row=np.zeros((completing,), np.int32),
                    sample_slot=np.full((completing,), local, np.int32))
+
+    @staticmethod
+    def rows_needed(chunks, num_slots: int, replicas: int = 1) -> int:
+        """Rows the prompt chunks (scheduler.PrefillChunk) take: each replica's block is as
+        wide as the busiest replica's chunks (`pack`)."""
+        held = np.zeros(replicas, int)  # prompt rows per replica
+        for chunk in chunks:
+            held[chunk.request.slot // (num_slots // replicas)] += chunk.length
+        return replicas * int(held.max())
+
+    @classmethod
+    def pack(cls, chunks, rows: int, num_slots: int, replicas: int = 1
+             ) -> tuple["PrefillInputs", np.ndarray]:
+        """The rows of prompt chunks in a bucket of `rows` (>= rows_needed) -> (inputs, where
+        each completing chunk's first token sits among the step's samples [completing chunks],
+        in `chunks` order). Each replica's chunks go to its own block (`empty`), its slots
+        counted within it."""
+        d, per = replicas, num_slots // replicas
+        inputs = cls.empty(rows, num_slots, d)
+        width, samples = rows // d, len(inputs.sample_row) // d  # each replica's block
+        row = np.arange(d) * width  # next free row of each replica's block
+        completing = np.arange(d) * samples  # next free sample of each
+        where = []
+        for chunk in chunks:
+            request = chunk.request
+            r, slot = divmod(request.slot, per)
+            start, end, stop = row[r], row[r] + chunk.length, chunk.start + chunk.length
+            inputs.row_slot[start:end] = slot
+            inputs.row_pos[start:end] = np.arange(chunk.start, stop)
+            inputs.row_token[start:end] = request.prompt_token_ids[chunk.start:stop]
+            nxt = request.prompt_token_ids[chunk.start + 1:stop + 1]  # x_{p+1} where known
+            inputs.row_next_token[start:start + len(nxt)] = nxt
+            if chunk.completes_prompt:
+                inputs.sample_row[completing[r]] = end - 1 - r * width
+                inputs.sample_slot[completing[r]] = slot
+                where.append(completing[r])
+                completing[r] += 1
+            row[r] = end
+        return inputs, np.array(where, int)
 
 
 class Readback(NamedTuple):

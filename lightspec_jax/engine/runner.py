@@ -308,57 +308,25 @@ class ModelRunner:
     def write(self, writes) -> None:
         """Scatters (slot, admitted request or None for a slot left by an abort) into the slot
         state: an admitted request's sampling values, seed, stop ids and allowance."""
-        rows = SlotRows.empty(self.write_registry.pick(len(writes)), self.num_slots)
-        for i, (slot, request) in enumerate(writes):
-            rows.slot[i] = slot
-            if request is not None:
-                p = request.params
-                rows.temperature[i], rows.top_k[i], rows.top_p[i] = (p.temperature, p.top_k,
-                                                                      p.top_p)
-                rows.seed[i] = request.seed
-                stops = sorted(request.stop_ids)
-                rows.stop_ids[i, :len(stops)] = stops
-                rows.remaining[i] = request.allowance
+        rows = SlotRows.pack(writes, self.write_registry.pick(len(writes)), self.num_slots)
         self.state = self.write_registry(len(rows.slot), self.state, rows)
 
     def prefill(self, chunks: tuple[PrefillChunk, ...]) -> tuple[jax.Array, np.ndarray]:
         """Dispatches prompt chunks -> (first tokens [C] on the device, where each completing
         chunk's token sits in it [completing chunks], in `chunks` order).
 
-        With D data-parallel replicas the rows are D blocks of T / D (PrefillInputs.empty):
-        each replica's chunks go to its own block, its slots counted within it."""
-        d, per = self.replicas, self.num_slots // self.replicas
-        held = np.zeros(d, int)  # prompt rows per replica
-        for chunk in chunks:
-            held[chunk.request.slot // per] += chunk.length
-        rows = self.prefill_registry.pick(d * int(held.max()))
+        With D data-parallel replicas the rows are D blocks of T / D, one per replica
+        (PrefillInputs.pack)."""
+        n, d = self.num_slots, self.replicas
+        rows = self.prefill_registry.pick(PrefillInputs.rows_needed(chunks, n, d))
         mode = max((c.request.params.sample_mode for c in chunks if c.completes_prompt),
                    default=SampleMode.GREEDY)
-        inputs = PrefillInputs.empty(rows, self.num_slots, d)
-        width, samples = rows // d, len(inputs.sample_row) // d  # each replica's block
-        row = np.arange(d) * width  # next free row of each replica's block
-        completing = np.arange(d) * samples  # next free sample of each
-        where = []
-        for chunk in chunks:
-            request = chunk.request
-            r, slot = divmod(request.slot, per)
-            start, end, stop = row[r], row[r] + chunk.length, chunk.start + chunk.length
-            inputs.row_slot[start:end] = slot
-            inputs.row_pos[start:end] = np.arange(chunk.start, stop)
-            inputs.row_token[start:end] = request.prompt_token_ids[chunk.start:stop]
-            nxt = request.prompt_token_ids[chunk.start + 1:stop + 1]  # x_{p+1} where known
-            inputs.row_next_token[start:start + len(nxt)] = nxt
-            if chunk.completes_prompt:
-                inputs.sample_row[completing[r]] = end - 1 - r * width
-                inputs.sample_slot[completing[r]] = slot
-                where.append(completing[r])
-                completing[r] += 1
-            row[r] = end
+        inputs, where = PrefillInputs.pack(chunks, rows, n, d)
         self.cache, self.dcache, self.state, tokens = self.prefill_registry(
             (rows, SampleMode(mode)), self._t_leaves, self._d_leaves, self.cache, self.dcache,
             self.state, inputs)
         tokens.copy_to_host_async()
-        return tokens, np.array(where, int)
+        return tokens, where
 
     def decode(self, rows: int, depth: int, extra=(), mode: int = SampleMode.GREEDY, *,
                span: int | None = None, commit: bool | None = None
