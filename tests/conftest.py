@@ -19,6 +19,14 @@ jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE_DIR))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
+def pytest_collection_modifyitems(config, items):
+    """The `slow` checks (minutes each, in child processes) run first. With the README's
+    two workers (pytest-xdist, --dist worksteal) they start at once, and the other worker
+    takes the rest of the suite in the meantime; last in the queue, one of them would end
+    the run alone. The sort is stable: every other test keeps its place."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _drop_jit_caches():
     """XLA:CPU maps each executable's code into memory on its own, and the kernel caps a

@@ -23,6 +23,7 @@ from lightspec_jax import EngineConfig
 CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh_check.py")
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_mesh_serving_equals_single_device():
     env = dict(os.environ, JAX_PLATFORMS="cpu",

@@ -22,6 +22,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_two_processes_serve_as_one_device():
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
