@@ -19,6 +19,7 @@ jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE_DIR))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
+
 def pytest_collection_modifyitems(config, items):
     """The `slow` checks (minutes each, in child processes) run first. With the README's
     two workers (pytest-xdist, --dist worksteal) they start at once, and the other worker
