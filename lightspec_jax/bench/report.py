@@ -120,24 +120,31 @@ def interpret(rows: list[dict]) -> list[str]:
 
 def ranking(rows: list[dict]) -> list[str]:
     """Per concurrency, the policies from slowest to fastest by median, in groups: a policy
-    the repeats cannot tell from any policy of the current group joins it ('~', see
-    _distinct), one they tell from a member starts the next ('<'). So '~' holds for every
-    pair inside a group. Joining on the previous policy alone would chain: a ~ b and b ~ c
-    printed a ~ b ~ c while the repeats told a from c, and the interpretation line, which
-    tests that pair, said so. Inside a group policies keep the order they were given in, so
-    two runs that agree on the groups print the same line."""
+    the repeats cannot tell from the next slower one joins its group ('~', see _distinct),
+    '<' starts the next. Inside a group policies keep the order they were given in, so two
+    runs that agree on the groups print the same line.
+
+    Telling apart is not transitive: a ~ b and b ~ c while the repeats tell a from c. Such
+    pairs inside a group follow it in brackets, slower first ('[a < c]'), so the line
+    states nothing the repeats contradict and agrees with the interpretation line, which
+    tests the adaptive policy against the best fixed K (a main-job run printed the group
+    static:3 ~ static:7 ~ dynamic:7 beside 'dynamic:7 0.87x best fixed K (static:7)'). A
+    group that admitted only policies tied with all its members would state the opposite
+    error: 'a ~ b < c' orders b before c, which the repeats could not tell apart."""
     out = []
     for c in dict.fromkeys(r["concurrency"] for r in rows):
         given = [r for r in rows if r["concurrency"] == c]
         by_speed = sorted(given, key=lambda r: r["tok_s"])
         groups = [[by_speed[0]]]
-        for faster in by_speed[1:]:
-            if any(_distinct(member, faster) for member in groups[-1]):
-                groups.append([faster])
-            else:
+        for slower, faster in zip(by_speed, by_speed[1:]):
+            if not _distinct(slower, faster):
                 groups[-1].append(faster)
+            else:
+                groups.append([faster])
         text = " < ".join(" ~ ".join(r["policy"] for r in given if r in group) for group in groups)
-        out.append(f"c={c}: {text}")
+        apart = [f"{a['policy']} < {b['policy']}" for group in groups
+                 for i, a in enumerate(group) for b in group[i + 1:] if _distinct(a, b)]
+        out.append(f"c={c}: {text}" + (f" [{', '.join(apart)}]" if apart else ""))
     return out
 
 

@@ -202,11 +202,11 @@ def test_ranking_pairs_the_repeats():
     assert ranking(close) == ["c=8: none ~ static:3"]
 
 
-def test_ranking_groups_only_policies_it_cannot_tell_apart():
-    """'~' holds for every pair of a group: b ties a and c ties b, but the repeats put c
-    ahead of a in every one of them by over 3%, so c starts a group of its own - as the
-    interpretation line, which compares that pair, says (a main-job run printed the chained
-    group static:3 ~ static:7 ~ dynamic:7 beside 'dynamic:7 0.87x best fixed K (static:7)')."""
+def test_ranking_names_the_pairs_a_group_tells_apart():
+    """b ties a and c ties b, but the repeats put c ahead of a in every one of them by over
+    3%: the group a ~ b ~ c says so in brackets, as the interpretation line, which compares
+    that pair, does (a main-job run printed the bare group static:3 ~ static:7 ~ dynamic:7
+    beside 'dynamic:7 0.87x best fixed K (static:7)')."""
     def row(policy, repeats):
         return {"concurrency": 1, "policy": policy, "tok_s": sorted(repeats)[1],
                 "tok_s_min": min(repeats), "tok_s_max": max(repeats),
@@ -217,9 +217,10 @@ def test_ranking_groups_only_policies_it_cannot_tell_apart():
     assert ranking([a, b]) == ["c=1: dynamic:7 ~ static:3"]  # each pair on its own
     assert ranking([b, c]) == ["c=1: static:3 ~ static:7"]
     assert ranking([a, c]) == ["c=1: dynamic:7 < static:7"]
-    assert ranking([b, a, c]) == ["c=1: static:3 ~ dynamic:7 < static:7"]
-    assert ranking([row("none", [100, 100, 100]), a, b, c]) == [
-        "c=1: none < dynamic:7 ~ static:3 < static:7"]  # a group keeps the given order
+    # a group keeps the given order; the pair it tells apart follows, slower first
+    assert ranking([b, a, c]) == ["c=1: static:3 ~ dynamic:7 ~ static:7 [dynamic:7 < static:7]"]
+    assert ranking([row("none", [100, 100, 100]), c, b, a]) == [
+        "c=1: none < static:7 ~ static:3 ~ dynamic:7 [dynamic:7 < static:7]"]
     assert "within the noise" not in interpret([a, b, c])[0]  # c against a: told apart
 
 
