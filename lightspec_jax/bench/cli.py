@@ -264,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         print(serve_table(result["rows"]))
         result["ranking"] = ranking(result["rows"])
         print("ranking, slowest to fastest ('~': the repeats cannot tell them apart - not "
-              "ahead in every repeat, or by under 3%; [a < b]: two of one group that they "
-              "can): "
+              "ahead in every repeat, or by under 3%; [a < b]: a pair in one group that they "
+              "do tell apart): "
               + "; ".join(result["ranking"]))
         result["interpretation"] = interpret(result["rows"])
         print("\n".join(result["interpretation"]))

@@ -124,13 +124,10 @@ def ranking(rows: list[dict]) -> list[str]:
     '<' starts the next. Inside a group policies keep the order they were given in, so two
     runs that agree on the groups print the same line.
 
-    Telling apart is not transitive: a ~ b and b ~ c while the repeats tell a from c. Such
-    pairs inside a group follow it in brackets, slower first ('[a < c]'), so the line
-    states nothing the repeats contradict and agrees with the interpretation line, which
-    tests the adaptive policy against the best fixed K (a main-job run printed the group
-    static:3 ~ static:7 ~ dynamic:7 beside 'dynamic:7 0.87x best fixed K (static:7)'). A
-    group that admitted only policies tied with all its members would state the opposite
-    error: 'a ~ b < c' orders b before c, which the repeats could not tell apart."""
+    Telling apart is not transitive (a ~ b and b ~ c, yet a < c), so no grouping is right
+    for every pair: pairs inside a group that the repeats do tell apart follow it in
+    brackets, slower first ('[a < c]'), and the line agrees with the interpretation line's
+    comparisons."""
     out = []
     for c in dict.fromkeys(r["concurrency"] for r in rows):
         given = [r for r in rows if r["concurrency"] == c]
