@@ -336,11 +336,12 @@ class Engine:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        requests = []
+        requests, ids = [], set()  # ids: a set, so that validating n prompts costs O(n)
         for i, (prompt, p) in enumerate(zip(prompts, params)):  # validate all, then queue
             self._auto_id += 1
             requests.append(self._make_request(f"generate-{self._auto_id}", prompt, p,
-                                               pending=requests, who=f"prompt {i}"))
+                                               pending=ids, who=f"prompt {i}"))
+            ids.add(requests[-1].request_id)
         for request in requests:
             self._requests[request.request_id] = request
             self.scheduler.add(request)
@@ -466,8 +467,9 @@ class Engine:
 
     # --- requests ---------------------------------------------------------------------------
 
-    def _make_request(self, request_id, prompt, params, pending=(), who=None) -> Request:
-        if request_id in self._requests or any(r.request_id == request_id for r in pending):
+    def _make_request(self, request_id, prompt, params, pending=frozenset(),
+                      who=None) -> Request:
+        if request_id in self._requests or request_id in pending:
             raise RequestError(f"duplicate request id {request_id!r}: a request with this id "
                                "is still unfinished")
         return make_request(request_id, prompt, params, who=who,
