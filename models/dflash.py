@@ -32,7 +32,7 @@ from flax import nnx
 
 from .config import ConfigError, Qwen3Config, check_attention_fields
 from .kv_cache import KVCache
-from .layers import apply_rope, rms_norm, rope_cos_sin
+from .layers import apply_rope, layer_unroll, rms_norm, rope_cos_sin
 from .qwen3 import Qwen3Layers, _decoder_layer
 
 
@@ -224,6 +224,7 @@ class DFlash(nnx.Module):
             return (x, ck, cv), None
 
         xs = (self.layers.stacked(), jnp.arange(cfg.num_layers))
-        (x, ck, cv), _ = jax.lax.scan(layer_step, (x, cache.k, cache.v), xs)
+        (x, ck, cv), _ = jax.lax.scan(layer_step, (x, cache.k, cache.v), xs,
+                                      unroll=layer_unroll(cfg.num_layers))
         x = rms_norm(x, self.norm[...], cfg.rms_norm_eps)
         return DFlashOutput(x.reshape(n, p, -1), KVCache(ck, cv))

@@ -6,9 +6,25 @@ G KV heads, D head dim, S cache length, N slots, L layers, V vocab.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+
+UNROLL_LAYERS_ENV = "LIGHTSPEC_UNROLL_LAYERS"
+
+
+def layer_unroll(num_layers: int) -> int:
+    """Layers per iteration of a model's layer scan, read when the forward is traced.
+
+    LIGHTSPEC_UNROLL_LAYERS=1 unrolls the whole stack into one straight-line step; unset or 0
+    keeps one layer per iteration (a loop: compile time does not grow with depth). On a GPU
+    the host launches a looped step kernel by kernel, each iteration on its own
+    (benchmarks/step_breakdown.py measures both forms).
+    """
+    return num_layers if os.environ.get(UNROLL_LAYERS_ENV, "0") == "1" else 1
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

@@ -19,7 +19,7 @@ from lightspec_jax.pallas_kernels import verify_attention, verify_attention_refe
 from .attention import write_kv
 from .config import Qwen3Config
 from .kv_cache import KVCache
-from .layers import apply_rope, over_row_tiles, rms_norm, rope_cos_sin, swiglu
+from .layers import apply_rope, layer_unroll, over_row_tiles, rms_norm, rope_cos_sin, swiglu
 
 LAYER_PARAM_NAMES = ("input_norm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
                      "post_norm", "gate_proj", "up_proj", "down_proj")
@@ -146,7 +146,8 @@ class Qwen3(nnx.Module):
             return (x, ck, cv, aux_acc), None
 
         xs = (self.layers.stacked(), jnp.arange(num_layers), jnp.asarray(aux_index, jnp.int32))
-        (x, ck, cv, aux_acc), _ = jax.lax.scan(layer_step, (x, cache.k, cache.v, aux_acc), xs)
+        (x, ck, cv, aux_acc), _ = jax.lax.scan(layer_step, (x, cache.k, cache.v, aux_acc), xs,
+                                               unroll=layer_unroll(num_layers))
 
         aux_hidden = None
         if aux_layers:

@@ -79,3 +79,23 @@ def test_logits_rows_selects_rows(loaded):
     full = model(*args).logits
     picked = model(*args, logits_rows=jnp.array([8, 3], jnp.int32)).logits
     np.testing.assert_array_equal(np.asarray(picked), np.asarray(full)[[8, 3]])
+
+
+def test_unrolled_layers_equal_the_layer_loop(loaded, monkeypatch):
+    """LIGHTSPEC_UNROLL_LAYERS=1 (one straight-line step, read at trace time) computes what
+    the layer loop computes: logits, collected hidden states and the cache it writes."""
+    from lightspec_jax.models.layers import UNROLL_LAYERS_ENV, layer_unroll
+
+    model, _ = loaded
+    tokens = np.random.default_rng(2).integers(0, model.config.vocab_size, size=13)
+    aux = (0, 1, model.config.num_layers)
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv(UNROLL_LAYERS_ENV, flag)
+        assert layer_unroll(5) == (5 if flag == "1" else 1)
+        outs[flag] = _full_forward(model, tokens, slot=1, aux_layers=aux)
+    loop, unrolled = outs["0"], outs["1"]
+    for name, a, b in (("logits", loop.logits, unrolled.logits),
+                       ("aux", loop.aux_hidden, unrolled.aux_hidden),
+                       ("k", loop.cache.k, unrolled.cache.k), ("v", loop.cache.v, unrolled.cache.v)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=0, err_msg=name)
