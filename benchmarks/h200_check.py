@@ -75,6 +75,7 @@ class Plan:
     serve_waves: int  # prompts = waves * c: each slot serves this many requests in turn
     serve_policies: tuple[tuple[str, int], ...]  # in run order: K=11 first fills the compile
     # cache that dynamic (same buckets) and K=3 (a subset) then reuse
+    serve_profile: bool  # each engine serves once more under cProfile (host_profile.py)
     compare_xla_batches: tuple[int, ...]  # B where the first model is also timed on XLA attention
     vocab: int  # V of the vocab-argmax timing
     test_workers: int  # pytest-xdist workers for the kernel tests (0: in-process)
@@ -90,7 +91,7 @@ H200_PLAN = Plan(
     serve_c=256, serve_prompt_len=32, serve_new_tokens=128, serve_prefill_tokens=8192,
     serve_shape=QWEN3_06B,
     serve_dtype="bfloat16", serve_buckets=(1, 2, 4, 8), serve_waves=2,
-    serve_policies=SERVE_POLICIES,
+    serve_policies=SERVE_POLICIES, serve_profile=False,
     compare_xla_batches=(256, 3072), vocab=151936, test_workers=4, test_timeout_s=170,
     repeats=10)
 DRY_PLAN = Plan(
@@ -101,6 +102,7 @@ DRY_PLAN = Plan(
     serve_waves=2,
     # The same four engines at smaller K: every draft depth up to K compiles and is swept.
     serve_policies=(("static", 5), ("dynamic", 5), ("static", 2), ("none", 0)),
+    serve_profile=True,
     compare_xla_batches=(4,), vocab=512, test_workers=0,
     test_timeout_s=90, repeats=2)
 
@@ -376,6 +378,7 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
+    from host_profile import profile_serve, summary_lines
     from spec_serving import serve  # the same measurement as benchmarks/spec_serving.py
 
     from lightspec_jax import Engine, EngineConfig, SamplingParams, SpeculativeConfig
@@ -422,6 +425,9 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
             startup_s = time.perf_counter() - start
         else:
             row.update(step_diagnostics(engine))
+            if plan.serve_profile:
+                row["host_profile"] = profile_serve(engine, prompts, params)
+                print("\n".join([label] + summary_lines(row["host_profile"])), flush=True)
         row.update(c=c, policy=label, startup_s=startup_s, profile="chat",
                    prompts=len(prompts), prompt_len=plan.serve_prompt_len,
                    new_tokens=plan.serve_new_tokens,
@@ -526,6 +532,9 @@ def main(argv=None) -> dict:
                              "0.25 0.5 add the buckets of a filling or draining batch)")
     parser.add_argument("--serve-waves", type=int,
                         help="requests per slot (prompts = waves * c; default 2)")
+    parser.add_argument("--serve-profile", action="store_true",
+                        help="each serving engine serves once more under cProfile: where its "
+                             "host time goes (always on in the dry run)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS,
                         help="run only these sections (a rerun after a fix)")
     parser.add_argument("--deadline-s", type=float,
@@ -542,6 +551,8 @@ def main(argv=None) -> dict:
         plan = dataclasses.replace(plan, serve_buckets=tuple(args.serve_buckets))
     if args.serve_waves:
         plan = dataclasses.replace(plan, serve_waves=args.serve_waves)
+    if args.serve_profile:
+        plan = dataclasses.replace(plan, serve_profile=True)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     deadline = start + plan.deadline_s
@@ -580,7 +591,8 @@ def main(argv=None) -> dict:
 
             results["env"] = {"jax": jax.__version__, "backend": jax.default_backend(),
                               "devices": [d.device_kind for d in jax.devices()],
-                              "xla_flags": os.environ.get("XLA_FLAGS", "")}
+                              "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                              "unroll_layers": os.environ.get("LIGHTSPEC_UNROLL_LAYERS", "")}
         section_start = time.perf_counter()
         try:
             # Later sections trace with the failed kernels' references.

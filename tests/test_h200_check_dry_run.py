@@ -48,3 +48,10 @@ def test_dry_run_writes_every_section(tmp_path):
     assert policies == ["static K=5", "dynamic K=5", "static K=2", "none"]
     assert all(row["tok_s"] > 0 and row["c"] == 4 for row in results["serving"])
     assert "kernel tests:" in (tmp_path / "summary.txt").read_text()
+    # Each engine served once more under cProfile: the step loop's functions, per step.
+    for row in results["serving"]:
+        profile = row["host_profile"]
+        assert profile["steps"] > 0 and profile["by_own_time"]
+        assert any(name.endswith(":step") and "engine.py" in name for name in profile["phases"])
+        decode = [v for name, v in profile["phases"].items() if name.endswith(":decode")]
+        assert decode and decode[0]["calls_per_step"] > 0  # every policy dispatches decode steps
