@@ -106,6 +106,11 @@ class EngineConfig:
     # into chunks so they never stall running decodes for their whole length. Decode rows
     # run in their own executable, sized by the verify buckets.
     max_num_batched_tokens: int = 256
+    # While requests decode, waiting requests enter free slots at most once every this many
+    # engine steps (1: every step). Each admission costs a prefill dispatch and a forward
+    # whatever its size, so fewer, larger ones cost less, for slots left idle up to
+    # admission_interval - 1 steps. With nothing decoding, requests are admitted at once.
+    admission_interval: int = 1
     # Compiled row-count buckets; None = powers of two from 8 up to max_num_batched_tokens.
     row_buckets: tuple[int, ...] | None = None
     speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
@@ -159,7 +164,8 @@ class EngineConfig:
     mesh: object | None = None  # jax.sharding.Mesh with axes ('data', 'model')
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens",
+                     "admission_interval"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -210,7 +210,8 @@ class Engine:
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens,
-                                   replicas=self.runner.replicas)
+                                   replicas=self.runner.replicas,
+                                   admission_interval=config.admission_interval)
         self._requests: dict[str, Request] = {}  # live or not yet reported as finished
         self._aborted: list[Request] = []  # aborted since the last step(), to report
         self._in_flight: _InFlight | None = None

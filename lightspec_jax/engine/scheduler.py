@@ -78,10 +78,13 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, *, num_slots: int, max_rows: int, replicas: int = 1):
+    def __init__(self, *, num_slots: int, max_rows: int, replicas: int = 1,
+                 admission_interval: int = 1):
         self.num_slots = num_slots
         self.max_rows = max_rows
         self.replicas = replicas
+        self.admission_interval = admission_interval  # EngineConfig.admission_interval
+        self._since_admission = admission_interval  # schedule() calls since the last one
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[int, Request] = {}  # slot -> request, in admission order
         self.prefilling: dict[int, Request] = {}  # the running requests with prompt left
@@ -125,19 +128,30 @@ class Scheduler:
 
     # --- one step ---------------------------------------------------------------------------
 
+    def admits(self) -> bool:
+        """Whether this step admits waiting requests into free slots: at once when nothing
+        decodes (a slot would only idle), else once every `admission_interval` steps."""
+        return (self._since_admission >= self.admission_interval
+                or not self.decoding.any())
+
+    def _admit(self, request: Request) -> None:
+        slot = request.slot = self._take_slot()
+        self.running[slot] = self.prefilling[slot] = request
+        self.owner[slot] = request
+        self._writes[slot] = request
+        self.decoding[slot] = self.has_proposal[slot] = False
+        self.total_len[slot] = request.prompt_len
+        self.remaining[slot] = request.allowance
+        self.acceptance_class[slot] = request.params.acceptance_class
+        self.sample_mode[slot] = request.params.sample_mode
+        self.counters[:, slot] = 0
+
     def schedule(self) -> ScheduledStep:
-        while self.waiting and self._free_slots:
-            request = self.waiting.popleft()
-            slot = request.slot = self._take_slot()
-            self.running[slot] = self.prefilling[slot] = request
-            self.owner[slot] = request
-            self._writes[slot] = request
-            self.decoding[slot] = self.has_proposal[slot] = False
-            self.total_len[slot] = request.prompt_len
-            self.remaining[slot] = request.allowance
-            self.acceptance_class[slot] = request.params.acceptance_class
-            self.sample_mode[slot] = request.params.sample_mode
-            self.counters[:, slot] = 0
+        self._since_admission += 1
+        if self.waiting and self._free_slots and self.admits():
+            self._since_admission = 0
+            while self.waiting and self._free_slots:
+                self._admit(self.waiting.popleft())
         # Prompt rows per step; decodes run in their own executable, sized by the planner.
         # Each data-parallel replica prefills its own slots' prompts in its share of the rows.
         per = self.num_slots // self.replicas

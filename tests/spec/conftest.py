@@ -33,7 +33,10 @@ SPEC_ENGINES = {
     # Prompt lookup (no model; SpeculativeConfig(method="ngram"), n-grams of 1-3 tokens): the
     # tiny targets repeat themselves, so matches come often.
     "ngram_k4": (6, 4, (6, 12, 18, 24, 30), "ngram", 0.0, "dynamic"),
+    # Waiting requests admitted at most every third step while others decode.
+    "dynamic_k4_admit3": (4, 4, (4, 6, 8, 12, 16, 20), "copy", 0.2, "dynamic"),
 }
+ADMISSION_INTERVAL = {"dynamic_k4_admit3": 3}  # EngineConfig.admission_interval (default 1)
 
 
 NO_OVERLAP = {"eagle3_k5"}  # its proposal test compares device state after each step
@@ -91,6 +94,7 @@ def spec_engines(target_dir, sharp_checkpoint):
             target_dir_ = sharp_checkpoint[0] if kind == "copy_sampling" else target_dir
             config = EngineConfig(max_num_seqs=slots, verify_buckets=buckets,
                                   overlap=name not in NO_OVERLAP,
+                                  admission_interval=ADMISSION_INTERVAL.get(name, 1),
                                   speculative=SpeculativeConfig(
                                       policy=policy[0] if policy else "static",
                                       num_speculative_tokens=depth),

@@ -12,7 +12,8 @@ import pytest
 from lightspec_jax import SamplingParams
 
 CASES_PER_ENGINE = {"copy_k3": 60, "copy_k11": 45, "copy_k5_c32": 40, "random_k1": 30,
-                    "eagle3_k5": 30, "dynamic_k4": 40, "dspark_k3": 25, "ngram_k4": 30}
+                    "eagle3_k5": 30, "dynamic_k4": 40, "dspark_k3": 25, "ngram_k4": 30,
+                    "dynamic_k4_admit3": 25}
 
 
 def reference(plain_engine, prompt, params):
