@@ -76,6 +76,7 @@ class Plan:
     serve_policies: tuple[tuple[str, int], ...]  # in run order: K=11 first fills the compile
     # cache that dynamic (same buckets) and K=3 (a subset) then reuse
     serve_profile: bool  # each engine serves once more under cProfile (host_profile.py)
+    serve_admission_interval: int  # EngineConfig.admission_interval of the serving engines
     compare_xla_batches: tuple[int, ...]  # B where the first model is also timed on XLA attention
     vocab: int  # V of the vocab-argmax timing
     test_workers: int  # pytest-xdist workers for the kernel tests (0: in-process)
@@ -91,7 +92,7 @@ H200_PLAN = Plan(
     serve_c=256, serve_prompt_len=32, serve_new_tokens=128, serve_prefill_tokens=8192,
     serve_shape=QWEN3_06B,
     serve_dtype="bfloat16", serve_buckets=(1, 2, 4, 8), serve_waves=2,
-    serve_policies=SERVE_POLICIES, serve_profile=False,
+    serve_policies=SERVE_POLICIES, serve_profile=False, serve_admission_interval=1,
     compare_xla_batches=(256, 3072), vocab=151936, test_workers=4, test_timeout_s=170,
     repeats=10)
 DRY_PLAN = Plan(
@@ -102,7 +103,7 @@ DRY_PLAN = Plan(
     serve_waves=2,
     # The same four engines at smaller K: every draft depth up to K compiles and is swept.
     serve_policies=(("static", 5), ("dynamic", 5), ("static", 2), ("none", 0)),
-    serve_profile=True,
+    serve_profile=True, serve_admission_interval=1,
     compare_xla_batches=(4,), vocab=512, test_workers=0,
     test_timeout_s=90, repeats=2)
 
@@ -414,6 +415,7 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
             speculative=SpeculativeConfig(policy=policy, num_speculative_tokens=max(k, 1)),
             max_model_len=plan.serve_prompt_len + plan.serve_new_tokens + 1,
             max_num_batched_tokens=plan.serve_prefill_tokens, show_progress=False,
+            admission_interval=plan.serve_admission_interval,
             compilation_cache_dir=cache_dir, synthetic_acceptance="chat")
         try:
             engine = Engine(target, config=config, drafter=drafter if policy != "none" else None)
@@ -429,6 +431,7 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
                 row["host_profile"] = profile_serve(engine, prompts, params)
                 print("\n".join([label] + summary_lines(row["host_profile"])), flush=True)
         row.update(c=c, policy=label, startup_s=startup_s, profile="chat",
+                   admission_interval=plan.serve_admission_interval,
                    prompts=len(prompts), prompt_len=plan.serve_prompt_len,
                    new_tokens=plan.serve_new_tokens,
                    target=("qwen3-0.6b-shaped" if not plan.dry_run else "tiny") + " random")
@@ -535,6 +538,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--serve-profile", action="store_true",
                         help="each serving engine serves once more under cProfile: where its "
                              "host time goes (always on in the dry run)")
+    parser.add_argument("--serve-admission-interval", type=int, metavar="STEPS",
+                        help="EngineConfig.admission_interval of the serving engines "
+                             "(default 1: admit every step)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS,
                         help="run only these sections (a rerun after a fix)")
     parser.add_argument("--deadline-s", type=float,
@@ -553,6 +559,8 @@ def main(argv=None) -> dict:
         plan = dataclasses.replace(plan, serve_waves=args.serve_waves)
     if args.serve_profile:
         plan = dataclasses.replace(plan, serve_profile=True)
+    if args.serve_admission_interval:
+        plan = dataclasses.replace(plan, serve_admission_interval=args.serve_admission_interval)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     deadline = start + plan.deadline_s

@@ -28,7 +28,8 @@ SHAPE = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=8,
              num_kv_heads=1, head_dim=16)
 
 
-def build_engine(policy: str, concurrency: int, max_model_len: int):
+def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
+    """The near-free pair's engine; `config`: further EngineConfig fields."""
     from flax import nnx
 
     from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
@@ -49,7 +50,7 @@ def build_engine(policy: str, concurrency: int, max_model_len: int):
     config = EngineConfig(max_num_seqs=concurrency, max_model_len=max_model_len,
                           dtype="float32", speculative=spec,
                           max_num_batched_tokens=max(64, concurrency), show_progress=False,
-                          **extra)
+                          **extra, **config)
     return Engine(target, config=config, drafter=drafter)
 
 

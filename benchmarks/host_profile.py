@@ -81,6 +81,10 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=["none", "static:3", "dynamic:7"])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--waves", type=int, default=2, help="requests per slot")
+    ap.add_argument("--admission-interval", type=int, nargs="+", default=[1],
+                    help="EngineConfig.admission_interval values, each its own engine")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="only the un-profiled serve (throughput and host ms)")
     ap.add_argument("--out", help="JSON path for the full tables")
     args = ap.parse_args()
 
@@ -98,14 +102,19 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     results = []
     for policy in args.policies:
-        engine = build_engine(policy, c, 8 + args.new_tokens + 1)
-        row = serve(engine, prompts, params)
-        row["profile"] = profile_serve(engine, prompts, params)
-        row.update(policy=policy, c=c)
-        results.append(row)
-        print(f"{policy} c={c}: host {row['host_ms_per_step']:.2f} ms/step, "
-              f"{row['step_ms']:.2f} ms/step, {row['tok_s']:.0f} tok/s")
-        print("\n".join(summary_lines(row["profile"])), flush=True)
+        for interval in args.admission_interval:
+            engine = build_engine(policy, c, 8 + args.new_tokens + 1,
+                                  admission_interval=interval)
+            row = serve(engine, prompts, params)
+            row.update(policy=policy, c=c, admission_interval=interval,
+                       prefill_steps=sum(1 for r in engine.step_records() if r.prefill_rows))
+            print(f"{policy} c={c} admission_interval={interval}: host "
+                  f"{row['host_ms_per_step']:.2f} ms/step, {row['step_ms']:.2f} ms/step, "
+                  f"{row['tok_s']:.0f} tok/s", flush=True)
+            if not args.no_profile:
+                row["profile"] = profile_serve(engine, prompts, params)
+                print("\n".join(summary_lines(row["profile"])), flush=True)
+            results.append(row)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
