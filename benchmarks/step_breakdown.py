@@ -114,7 +114,8 @@ def main(argv=None) -> dict:
     cache_len = 16 * -(-(args.context + 2 * args.steps * (k + 1) + 64) // 16)
     results = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
                "xla_flags": os.environ.get("XLA_FLAGS", ""),
-               "unroll_layers": os.environ.get(UNROLL_LAYERS_ENV, ""), "slots": n, "max_depth": k,
+               "unroll_layers": os.environ.get(UNROLL_LAYERS_ENV, ""), "slots": n,
+               "max_depth": k,
                "context": args.context, "steps": args.steps, "variants": []}
 
     def runner(drafter, depth, buckets, draft_depths=()):
@@ -141,8 +142,8 @@ def main(argv=None) -> dict:
 
         run(3)  # warm-up
         ms, dispatch_ms = min(run(args.steps) for _ in range(3))
-        # dispatch_ms: the host's time to dispatch a step (a loop step launches its kernels
-        # from the host, iteration by iteration); equal to ms when dispatching is the bound.
+        # dispatch_ms: the host's time to dispatch a step (on a GPU, launching its kernels);
+        # equal to ms when dispatching is the bound.
         row = {"variant": name, "B": rows, "d": depth, "ms_per_step": ms,
                "dispatch_ms_per_step": dispatch_ms, "compile_s": compile_s}
         if args.trace:

@@ -20,9 +20,9 @@ def layer_unroll(num_layers: int) -> int:
     """Layers per iteration of a model's layer scan, read when the forward is traced.
 
     LIGHTSPEC_UNROLL_LAYERS=1 unrolls the whole stack into one straight-line step; unset or 0
-    keeps one layer per iteration (a loop: compile time does not grow with depth). On a GPU
-    the host launches a looped step kernel by kernel, each iteration on its own
-    (benchmarks/step_breakdown.py measures both forms).
+    keeps one layer per iteration (a loop: compile time does not grow with depth). On the
+    H200 the unrolled Qwen3-0.6B-shaped step ran 13-17% faster on the device and compiled
+    3.3x slower (BENCHMARKS.md, "Runs 9-11"; benchmarks/step_breakdown.py times both).
     """
     return num_layers if os.environ.get(UNROLL_LAYERS_ENV, "0") == "1" else 1
 
