@@ -47,6 +47,11 @@ def profile_serve(engine, prompts, params, *, top: int = 25) -> dict:
     # stats.stats: function key -> (primitive calls, calls, own s, cumulative s, callers)
     entries = [(label(key), calls, own, cum) for key, (_, calls, own, cum, _) in
                stats.stats.items()]
+    # This project's own files (lightspec_jax/, models/, planner/ ... under one root).
+    import lightspec_jax
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(lightspec_jax.__file__)))
+    ours = {label(key) for key in stats.stats if os.path.abspath(key[0]).startswith(root)}
 
     def table(index):
         ranked = sorted(entries, key=lambda e: -e[index])[:top]
@@ -57,7 +62,7 @@ def profile_serve(engine, prompts, params, *, top: int = 25) -> dict:
     phases = {}
     for f, calls, own, cum in entries:
         name = f.rsplit(":", 1)[-1]
-        if name in PHASES and ("lightspec_jax" in f or "/" not in f) and calls:
+        if name in PHASES and f in ours and calls:
             phases[f] = {"calls_per_step": calls / steps, "cum_ms_per_step": 1e3 * cum / steps}
     return {"steps": steps, "profiled_tok_s": row["tok_s"],
             "profiled_host_ms_per_step": row["host_ms_per_step"],
