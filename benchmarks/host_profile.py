@@ -23,7 +23,7 @@ import pstats
 
 # Functions of the step loop whose cumulative time is always reported (when they ran).
 PHASES = ("step", "_run", "plan", "decode", "host_inputs", "_postprocess", "postprocess",
-          "_learn", "learn", "_observe", "record", "_output", "asarray", "schedule")
+          "_learn", "learn", "_observe", "record", "_output", "schedule")
 
 
 def profile_serve(engine, prompts, params, *, top: int = 25) -> dict:
