@@ -9,7 +9,7 @@ One engine step reads as the algorithm: schedule (admit, prefill chunks: schedul
 plan (the verify bucket B and next draft depth d: planning.py) -> run (dispatch slot writes,
 prefill, the decode step and its drafting, nothing waits: runner.py) -> postprocess (read the
 previous step back, one packed array; the scheduler applies it) -> observe (planner
-statistics and cost refresh: feedback.py; step records, observers).
+statistics and cost refresh: planning.py; step records, observers).
 Step i+1 is dispatched before step i is read (`overlap`), so host work hides behind the device.
 """
 

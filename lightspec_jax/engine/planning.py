@@ -4,27 +4,44 @@ of each decode step (host only).
     none     no planner: one verify row per decoding request, nothing drafted
     static   full width at depth K; prices only to fill a given cost-table path
     dynamic  the LightSpec planner over measured prices (the start-up sweep or the stored
-             table: costs.py), refreshed from what each step cost (feedback.py), with the
-             no-speculation floor (depth 0) among its choices
+             table: costs.py), refreshed from what each step cost (PlannerFeedback, below),
+             with the no-speculation floor (depth 0) among its choices
     dspark   confidence-gated drafting, reading the verified proposal's confidences
 
 Over several processes a timed plan is process 0's, broadcast to the others (multihost.py).
 With data parallelism a plan's verify bucket gives the busiest replica a row per decoding
 slot (scheduler.rows_needed).
+
+What the planner learns from each read-back (PlannerFeedback): a decode step's read-back feeds
+it four things, each at the moment it is known:
+
+* the acceptance of the proposal it verified, per request (`learn`: StepObservation), with
+  the device interval between this read-back and the previous one when the device never
+  idled between them - the previous step's drafting and this verify, which the online cost
+  refresh splits over its tables;
+* the host ms the step() call spent (`record`: observe_host), when that call did a decode
+  step's work alone;
+* the loop's period between two read-backs (`record`: observe_period), what the step really
+  cost, for the whole-step calibration;
+* for the DSpark-style policy, the verified proposal's confidences, which the next plan reads.
+
+Steps that also ran a prompt chunk, compiled a variant on first use or read before dispatching
+are not samples of a decode step's costs (see `record`). The refreshed cost tables go back to
+the engine's persistent store now and then, and when generate() ends (`save`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
-from lightspec_jax.planner import PlannerSpec, StepPlan, make_planner
+from lightspec_jax.planner import PlannerSpec, StepObservation, StepPlan, make_planner
 
 from ..config import EngineConfig, Policy
 from ..drafters import Drafter
-from .costs import CostStore
-from .feedback import PlannerFeedback
+from .costs import CostStore, device_interval_ms
 from .multihost import Lockstep
 from .runner import ModelRunner
 from .scheduler import Scheduler, rows_needed
@@ -113,3 +130,92 @@ class StepPlanning:
                                  remaining=remaining,
                                  sampling_classes=scheduler.acceptance_class[decoding])
         return plan if shared is None else shared.plan(plan)
+
+class PlannerFeedback:
+    """The planner's side of reading a step back; one per engine with a planner."""
+
+    def __init__(self, planner, *, refresh_costs: bool, keep_confidences: bool,
+                 short_proposals: bool, cost_store: CostStore | None, cost_profile) -> None:
+        self.planner = planner
+        self.refresh_costs = refresh_costs
+        self.keep_confidences = keep_confidences  # the dspark policy reads them next step
+        self.short_proposals = short_proposals  # the drafter may propose fewer than d tokens
+        self._store, self._profile = cost_store, cost_profile
+        # The previous read's time and whether it waited (device intervals).
+        self._last_ready: float | None = None
+        self._last_waited = False
+        self._last_plan: StepPlan | None = None  # the previous decode step's plan
+        # (when, step index) of the last decode-only read-back (whole-step periods)
+        self._last_read: tuple[float, int] | None = None
+        self.last_conf: np.ndarray | None = None  # [N, K], a step late (dspark)
+
+    def learn(self, flight, readback: np.ndarray, *, columns, live: np.ndarray,
+              remaining: np.ndarray, classes: np.ndarray, waited: bool, ready: float) -> float:
+        """A decode step read back: its acceptance and device interval into the planner.
+        flight: the engine's record of the dispatched step; readback [N, K+1+5]; live [N] the
+        slots whose tokens were applied; remaining, classes [N] the scheduler's per slot.
+        Returns the ms the planner spent observing (plan time of the step)."""
+        c, plan = columns, flight.plan
+        step_ms = None
+        if self.refresh_costs and not flight.prefill_rows:
+            # A step with prompt chunks times them too: not a decode bucket's cost.
+            step_ms = device_interval_ms(
+                previous_ready=self._last_ready, previous_waited=self._last_waited,
+                busy_at_enqueue=flight.busy_at_enqueue, waited=waited, ready=ready)
+        self._last_ready, self._last_waited = ready, waited
+        # Between two read-backs the device ran the previous step's drafting and this
+        # step's verify: the interval prices those two.
+        drafted, self._last_plan = self._last_plan, plan
+        if self.keep_confidences:
+            self.last_conf = np.asarray(flight.confidence)
+        accepted = readback[live, c.accepted]
+        if not len(accepted):
+            return 0.0
+        started = time.perf_counter()
+        seen = plan
+        if len(accepted) != plan.num_requests:
+            # A request ended on the device before this step (the host had not read it
+            # yet): inactive, it took no row, so the others are this step.
+            seen = dataclasses.replace(plan, num_requests=len(accepted))
+        held, uncensored = c.proposal_outcomes(
+            readback[live], plan.verified_depth, given=flight.with_proposal[live],
+            room=remaining[live] + readback[live, c.emitted] - 1,
+            short_proposals=self.short_proposals)
+        self.planner.observe(StepObservation(
+            plan=seen, accept_lens=np.minimum(accepted, plan.verified_depth) + 1,
+            verify_lens=readback[live, c.verified] + 1, had_proposal=held,
+            uncensored=uncensored, sampling_classes=classes[live],
+            context_len=flight.context_len, step_ms=step_ms,
+            draft_plan=drafted if step_ms is not None else None))
+        return 1e3 * (time.perf_counter() - started)
+
+    def record(self, event, *, host_ms: float, drafted: bool, sample: bool,
+               decode_steps: int) -> None:
+        """A step read back and recorded: its host time and the loop's period feed the planner
+        only when the step() call that read it did a decode step's work alone (`sample`) and
+        the step read back carried no prefill either."""
+        record = event.record
+        if self.refresh_costs and record.num_requests and not record.prefill_rows and sample:
+            self.planner.observe_host(num_requests=record.num_requests, host_ms=host_ms,
+                                      drafted=drafted)
+            self._observe_period(event)
+        else:
+            self._last_read = None
+        if record.verify_rows and decode_steps % 1024 == 0:
+            self.save()
+
+    def _observe_period(self, event) -> None:
+        """The wall time since the previous read-back, when both were decode-only steps: the
+        drafting of the proposal this step verified, then its verify - what the step really
+        cost the loop, for the planner's whole-step calibration (planner/calibration.py)."""
+        now, last = time.perf_counter(), self._last_read
+        if last is not None and last[1] == event.record.index - 1:
+            self.planner.observe_period(plan=event.plan, period_ms=1e3 * (now - last[0]))
+        self._last_read = (now, event.record.index)
+
+    def save(self) -> None:
+        """Keeps the stored tables current with the online refresh (an occasional write)."""
+        if self.refresh_costs and self._store:
+            self._store.save(dataclasses.replace(
+                self._profile, target=self.planner.target_costs,
+                draft=self.planner.draft_costs, depth=self.planner.depth_costs))
