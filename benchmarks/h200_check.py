@@ -237,8 +237,10 @@ def summary_text(results: dict) -> str:
                              f"roofline{xla}")
     for row in results.get("serving") or []:
         if "tok_s" in row:
-            lines.append(f"serving c={row['c']} {row['policy']}: {row['tok_s']:.0f} tok/s, "
-                         f"acceptance length {row.get('acceptance_length', 1):.2f}, "
+            steady = row.get("steady_tok_s")  # while requests waited (spec_serving.QueueWatch)
+            steady = "" if steady is None else f" (steady {steady:.0f})"
+            lines.append(f"serving c={row['c']} {row['policy']}: {row['tok_s']:.0f} tok/s"
+                         f"{steady}, acceptance length {row.get('acceptance_length', 1):.2f}, "
                          f"rows/step {row.get('used_rows_per_step', 0):.0f}, "
                          f"start-up {row['startup_s']:.0f} s")
         elif "error" in row:

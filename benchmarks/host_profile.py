@@ -115,7 +115,7 @@ def main() -> None:
                        prefill_steps=sum(1 for r in engine.step_records() if r.prefill_rows))
             print(f"{policy} c={c} admission_interval={interval}: host "
                   f"{row['host_ms_per_step']:.2f} ms/step, {row['step_ms']:.2f} ms/step, "
-                  f"{row['tok_s']:.0f} tok/s", flush=True)
+                  f"{row['tok_s']:.0f} tok/s ({_steady(row)})", flush=True)
             if not args.no_profile:
                 row["profile"] = profile_serve(engine, prompts, params)
                 print("\n".join(summary_lines(row["profile"])), flush=True)
@@ -123,6 +123,13 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def _steady(row) -> str:
+    """The steady-state figure of a serve() row (spec_serving.QueueWatch), for printing."""
+    if row.get("steady_tok_s") is None:
+        return "no step ran with requests waiting"
+    return f"steady {row['steady_tok_s']:.0f} tok/s over {row['steady_s']:.2f} s"
 
 
 if __name__ == "__main__":

@@ -55,18 +55,51 @@ def make_engine(policy: str, k: int, c: int, args, *, overlap=True, cache_dir=No
     return engine, time.perf_counter() - start
 
 
+class QueueWatch:
+    """Step observer: (seconds since `start`, tokens streamed, requests still waiting) after
+    every step read back, for the steady-state throughput (`steady`)."""
+
+    def __init__(self, engine, start: float):
+        self.engine, self.start, self.marks = engine, start, []
+
+    def __call__(self, event) -> None:
+        self.marks.append((time.perf_counter() - self.start, event.record.emitted,
+                           len(self.engine.scheduler.waiting)))
+
+    def steady(self) -> dict:
+        """Throughput while requests were still waiting for a slot: every slot a request left
+        was refilled, as in a server whose queue never empties. A finite prompt list ends in
+        a drain - the last requests finishing with ever fewer beside them - which a fixed
+        output length spares plain decoding (its requests end in lockstep) but not a
+        speculative policy (its requests end at different steps). Up to the last step read
+        while the queue held requests (the start-up ramp included)."""
+        queued = [i for i, (_, _, waiting) in enumerate(self.marks) if waiting]
+        if not queued:
+            return {"steady_tok_s": None, "steady_s": 0.0, "steady_tokens": 0}
+        last = queued[-1]
+        seconds = self.marks[last][0]
+        tokens = sum(emitted for _, emitted, _ in self.marks[:last + 1])
+        return {"steady_tok_s": tokens / seconds if seconds > 0 else None,
+                "steady_s": seconds, "steady_tokens": tokens}
+
+
 def serve(engine, prompts, params):
     start = time.perf_counter()
     records = engine.step_records()
     first = records[-1].index if records else 0
-    outs = engine.generate(prompts, params)
+    watch = QueueWatch(engine, start)
+    engine.add_step_observer(watch)
+    try:
+        outs = engine.generate(prompts, params)
+    finally:
+        engine.remove_step_observer(watch)
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
     window = [r for r in engine.step_records() if r.index > first]
     decodes = [r for r in window if r.verify_rows]
     row = {"tok_s": tokens / wall, "wall_s": wall, "decode_steps": len(decodes),
            "host_ms_per_step": statistics.mean(r.host_ms for r in window),
-           "step_ms": 1e3 * wall / max(len(window), 1)}
+           "step_ms": 1e3 * wall / max(len(window), 1), **watch.steady()}
     if engine.planner is not None:
         steps = decodes
         m = [o.metrics for o in outs]

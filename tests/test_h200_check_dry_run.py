@@ -47,6 +47,10 @@ def test_dry_run_writes_every_section(tmp_path):
     policies = [row["policy"] for row in results["serving"]]
     assert policies == ["static K=5", "dynamic K=5", "static K=2", "none"]
     assert all(row["tok_s"] > 0 and row["c"] == 4 for row in results["serving"])
+    # Throughput while requests still waited for a slot (spec_serving.QueueWatch): 8 prompts
+    # on 4 slots leave a queue behind the first admissions.
+    assert all(row["steady_tok_s"] > 0 and row["steady_tokens"] > 0
+               for row in results["serving"])
     assert "kernel tests:" in (tmp_path / "summary.txt").read_text()
     # Each engine served once more under cProfile: the step loop's functions, per step.
     for row in results["serving"]:

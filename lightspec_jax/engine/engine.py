@@ -277,6 +277,10 @@ class Engine:
         counts, host and wait times), the plan, and the per-slot read-back."""
         self._observers.append(observer)
 
+    def remove_step_observer(self, observer: Callable[[StepEvent], None]) -> None:
+        """Stops calling an observer given to add_step_observer (ValueError if it was not)."""
+        self._observers.remove(observer)
+
     def step_records(self) -> list[StepRecord]:
         """The most recent steps' records, oldest first (a bounded ring buffer)."""
         return list(self.stats.steps)

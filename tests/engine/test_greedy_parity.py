@@ -80,3 +80,21 @@ def test_step_api_with_arrivals_and_aborts(engine, engines):
             assert out.token_ids == ref[:len(out.token_ids)]
         else:
             assert out.finish_reason == "length" and out.token_ids == ref, rid
+
+
+def test_a_removed_step_observer_is_called_no_more(engine):
+    seen = []
+
+    def observer(event):
+        seen.append(event.record.index)
+
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    engine.add_step_observer(observer)
+    engine.generate([[5, 6, 7]], params)
+    called = len(seen)
+    assert called > 0
+    engine.remove_step_observer(observer)
+    engine.generate([[5, 6, 7]], params)
+    assert len(seen) == called
+    with pytest.raises(ValueError):
+        engine.remove_step_observer(observer)
