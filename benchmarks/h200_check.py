@@ -69,6 +69,9 @@ class Plan:
     # cache that dynamic (same buckets) and K=3 (a subset) then reuse
     serve_profile: bool  # each engine serves once more under cProfile (host_profile.py)
     serve_admission_interval: int  # EngineConfig.admission_interval of the serving engines
+    # r: each request's max_tokens uniform in new_tokens x [1 - r, 1 + r] (0: all alike, and
+    # plain decoding's requests end in lockstep)
+    serve_length_spread: float
     compare_xla_batches: tuple[int, ...]  # B where the first model is also timed on XLA attention
     vocab: int  # V of the vocab-argmax timing
     test_workers: int  # pytest-xdist workers for the kernel tests (0: in-process)
@@ -85,6 +88,7 @@ H200_PLAN = Plan(
     serve_shape=QWEN3_06B,
     serve_dtype="bfloat16", serve_buckets=(1, 2, 4, 8), serve_waves=2,
     serve_policies=SERVE_POLICIES, serve_profile=False, serve_admission_interval=1,
+    serve_length_spread=0.0,
     compare_xla_batches=(256, 3072), vocab=151936, test_workers=4, test_timeout_s=170,
     repeats=10)
 DRY_PLAN = Plan(
@@ -95,12 +99,20 @@ DRY_PLAN = Plan(
     serve_waves=2,
     # The same four engines at smaller K: every draft depth up to K compiles and is swept.
     serve_policies=(("static", 5), ("dynamic", 5), ("static", 2), ("none", 0)),
-    serve_profile=True, serve_admission_interval=1,
+    serve_profile=True, serve_admission_interval=1, serve_length_spread=0.5,
     compare_xla_batches=(4,), vocab=512, test_workers=0,
     test_timeout_s=90, repeats=2)
 
 
 SECTIONS = ("kernel_tests", "kernel_timings", "verify_step", "serving")
+def output_lengths(new_tokens: int, spread: float, count: int, rng) -> list[int]:
+    """Each request's max_tokens: uniform integers in new_tokens x [1 - spread, 1 + spread]
+    (at least 1), all new_tokens at spread 0."""
+    lo = max(1, round(new_tokens * (1.0 - spread)))
+    hi = max(lo, round(new_tokens * (1.0 + spread)))
+    return rng.integers(lo, hi + 1, size=count).tolist()
+
+
 def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
     """Synthetic-acceptance serving (chat profile) at concurrency c: static K=11, dynamic,
     static K=3, none - one shared persistent compile cache, so engines after the first mostly
@@ -123,10 +135,12 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
     c = plan.serve_c
     target_cfg = Qwen3Config(**plan.serve_shape)
     jdtype = getattr(jnp, plan.serve_dtype)
-    params = SamplingParams(max_tokens=plan.serve_new_tokens, ignore_eos=True)
     rng = np.random.default_rng(c)
     prompts = [rng.integers(1, target_cfg.vocab_size, size=plan.serve_prompt_len).tolist()
                for _ in range(plan.serve_waves * c)]
+    lengths = output_lengths(plan.serve_new_tokens, plan.serve_length_spread, len(prompts),
+                             rng)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
     rows = []
     for policy, k in plan.serve_policies:
         label = policy if policy == "none" else f"{policy} K={k}"
@@ -144,7 +158,7 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
         config = EngineConfig(
             max_num_seqs=c, dtype=plan.serve_dtype, verify_buckets=buckets,
             speculative=SpeculativeConfig(policy=policy, num_speculative_tokens=max(k, 1)),
-            max_model_len=plan.serve_prompt_len + plan.serve_new_tokens + 1,
+            max_model_len=plan.serve_prompt_len + max(lengths) + 1,
             max_num_batched_tokens=plan.serve_prefill_tokens, show_progress=False,
             admission_interval=plan.serve_admission_interval,
             compilation_cache_dir=cache_dir, synthetic_acceptance="chat")
@@ -164,7 +178,7 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
         row.update(c=c, policy=label, startup_s=startup_s, profile="chat",
                    admission_interval=plan.serve_admission_interval,
                    prompts=len(prompts), prompt_len=plan.serve_prompt_len,
-                   new_tokens=plan.serve_new_tokens,
+                   new_tokens=plan.serve_new_tokens, length_spread=plan.serve_length_spread,
                    target=("qwen3-0.6b-shaped" if not plan.dry_run else "tiny") + " random")
         rows.append(row)
         publish(rows)
@@ -274,6 +288,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--serve-admission-interval", type=int, metavar="STEPS",
                         help="EngineConfig.admission_interval of the serving engines "
                              "(default 1: admit every step)")
+    parser.add_argument("--serve-length-spread", type=float, metavar="R",
+                        help="each request's max_tokens uniform in new_tokens x [1-R, 1+R] "
+                             "(default 0: every request emits as many, so plain decoding's end "
+                             "together)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS,
                         help="run only these sections (a rerun after a fix)")
     parser.add_argument("--deadline-s", type=float,
@@ -294,6 +312,10 @@ def main(argv=None) -> dict:
         plan = dataclasses.replace(plan, serve_profile=True)
     if args.serve_admission_interval:
         plan = dataclasses.replace(plan, serve_admission_interval=args.serve_admission_interval)
+    if args.serve_length_spread is not None:
+        if not 0.0 <= args.serve_length_spread < 1.0:
+            parser.error(f"--serve-length-spread must be in [0, 1), got {args.serve_length_spread}")
+        plan = dataclasses.replace(plan, serve_length_spread=args.serve_length_spread)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     deadline = start + plan.deadline_s

@@ -51,6 +51,8 @@ def test_dry_run_writes_every_section(tmp_path):
     # on 4 slots leave a queue behind the first admissions.
     assert all(row["steady_tok_s"] > 0 and row["steady_tokens"] > 0
                for row in results["serving"])
+    # The dry run's requests emit 4-12 tokens each (--serve-length-spread 0.5 of 8).
+    assert all(row["length_spread"] == 0.5 for row in results["serving"])
     assert "kernel tests:" in (tmp_path / "summary.txt").read_text()
     # Each engine served once more under cProfile: the step loop's functions, per step.
     for row in results["serving"]:
@@ -59,3 +61,19 @@ def test_dry_run_writes_every_section(tmp_path):
         assert any(name.endswith(":step") and "engine.py" in name for name in profile["phases"])
         decode = [v for name, v in profile["phases"].items() if name.endswith(":decode")]
         assert decode and decode[0]["calls_per_step"] > 0  # every policy dispatches decode steps
+
+
+def test_output_lengths_spread_around_new_tokens():
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from h200_check import output_lengths
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    rng = np.random.default_rng(0)
+    assert output_lengths(128, 0.0, 6, rng) == [128] * 6
+    spread = output_lengths(128, 0.5, 2000, rng)
+    assert min(spread) == 64 and max(spread) == 192  # both ends drawn, nothing past them
+    assert abs(sum(spread) / len(spread) - 128) < 3
+    assert min(output_lengths(1, 0.9, 50, rng)) >= 1
