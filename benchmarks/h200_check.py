@@ -105,6 +105,8 @@ DRY_PLAN = Plan(
 
 
 SECTIONS = ("kernel_tests", "kernel_timings", "verify_step", "serving")
+
+
 def output_lengths(new_tokens: int, spread: float, count: int, rng) -> list[int]:
     """Each request's max_tokens: uniform integers in new_tokens x [1 - spread, 1 + spread]
     (at least 1), all new_tokens at spread 0."""
@@ -314,7 +316,8 @@ def main(argv=None) -> dict:
         plan = dataclasses.replace(plan, serve_admission_interval=args.serve_admission_interval)
     if args.serve_length_spread is not None:
         if not 0.0 <= args.serve_length_spread < 1.0:
-            parser.error(f"--serve-length-spread must be in [0, 1), got {args.serve_length_spread}")
+            parser.error("--serve-length-spread must be in [0, 1), got "
+                         f"{args.serve_length_spread}")
         plan = dataclasses.replace(plan, serve_length_spread=args.serve_length_spread)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()

@@ -56,8 +56,10 @@ def make_engine(policy: str, k: int, c: int, args, *, overlap=True, cache_dir=No
 
 
 class QueueWatch:
-    """Step observer: (seconds since `start`, tokens streamed, requests still waiting) after
-    every step read back, for the steady-state throughput (`steady`)."""
+    """Step observer: (seconds since `start`, tokens its decode step emitted, requests still
+    waiting) after every step read back, for the steady-state throughput (`steady`). A
+    prompt's first token, sampled by its prefill, is in no step's `emitted`: one token per
+    request, alike for every policy."""
 
     def __init__(self, engine, start: float):
         self.engine, self.start, self.marks = engine, start, []
