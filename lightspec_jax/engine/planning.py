@@ -131,6 +131,7 @@ class StepPlanning:
                                  sampling_classes=scheduler.acceptance_class[decoding])
         return plan if shared is None else shared.plan(plan)
 
+
 class PlannerFeedback:
     """The planner's side of reading a step back; one per engine with a planner."""
 
