@@ -26,27 +26,20 @@ import numpy as np
 from lightspec_jax.planner import StepPlan
 
 from ..config import BATCH_INVARIANT_ROW_TILE, EngineConfig, Policy, SamplingParams
-from ..drafters import Drafter, NgramDrafter
+from ..drafters import Drafter
 from ..metrics import EngineStats, StepRecord
 from ..request import Request, RequestError, RequestOutput
 from ..tokenizer import Tokenizer
 from .intake import make_request
-from .buckets import CompileWatch, lazy_compile_events, powers_of_two, verify_buckets
+from .buckets import CompileWatch, lazy_compile_events
 from .multihost import Lockstep
 from .planning import StepPlanning
 from .runner import ModelRunner
 from .scheduler import Scheduler
-from .sharding import MeshLayout, engine_mesh
+from .shapes import engine_shapes
 from .verifier import verifier_for
 
 log = logging.getLogger(__name__)
-
-
-def _cache_len(max_model_len: int, block: int = 128, granule: int = 16) -> int:
-    """KV strip length: whole attention blocks, so reads stop at the live context; short
-    strips are one block rounded up to ``granule`` (the GPU attention kernel's smallest tile)."""
-    step = granule if max_model_len <= block else block
-    return -(-max_model_len // step) * step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,18 +79,6 @@ def hides_host_time(config: EngineConfig) -> bool:
     return config.overlap and jax.default_backend() != "cpu"
 
 
-def _check_mesh_ops(mesh) -> None:
-    """On a GPU the ops would run their Pallas kernels, which GSPMD cannot split: running them
-    under shard_map on local shards is not built yet, so a multi-device mesh there needs the
-    jnp reference ops (which GSPMD partitions like any jnp code)."""
-    from lightspec_jax.pallas_kernels._backend import OPS, REFERENCE_OPS_ENV, reference_ops
-
-    if mesh.size > 1 and jax.default_backend() == "gpu" and reference_ops() != frozenset(OPS):
-        raise NotImplementedError(
-            f"serving over a {dict(mesh.shape)} GPU mesh runs the jnp reference ops only (the "
-            f"Pallas kernels under shard_map are not built yet): set {REFERENCE_OPS_ENV}=all")
-
-
 class Engine:
     def __init__(self, model, *, config: EngineConfig = EngineConfig(),
                  tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = (),
@@ -116,67 +97,21 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         spec = config.speculative
         self.policy = spec.policy
-        speculative = spec.policy is not Policy.NONE
-        if speculative and drafter is None and spec.method == "ngram":
-            drafter = NgramDrafter(min_n=spec.ngram_min, max_n=spec.ngram_max)
-        if speculative and drafter is None:
-            raise ValueError(f"policy {spec.policy.value!r} needs a drafter "
-                             "(drafter_path=... or drafter=..., or method='ngram', which needs "
-                             "no model)")
-        if drafter is not None and spec.method is not None and drafter.method != spec.method:
-            raise ValueError(f"method {spec.method!r} was asked for but the drafter given is "
-                             f"{type(drafter).__name__} (method {drafter.method!r})")
-        if drafter is not None and not speculative:
-            raise ValueError("a drafter was given with policy 'none', which would ignore it: "
-                             "choose a speculative policy (SpeculativeConfig(policy='dynamic', "
-                             "num_speculative_tokens=K)) or drop the drafter")
-        self.drafter = drafter
-        n = config.max_num_seqs
-        k = spec.num_speculative_tokens if speculative else 0
+        shapes = engine_shapes(config, model, drafter)
+        self.drafter = drafter = shapes.drafter
+        n, k, depths = config.max_num_seqs, shapes.max_depth, shapes.depths
         if verifier is None:
-            verifier = verifier_for(config, speculative=speculative, num_slots=n, max_depth=k)
+            verifier = verifier_for(config, speculative=shapes.speculative, num_slots=n,
+                                    max_depth=k)
         self.verifier = verifier
-        if speculative:
-            decode_buckets = config.verify_buckets or verify_buckets(n * (k + 1))
-            if decode_buckets[-1] < n * (k + 1):
-                raise ValueError(f"verify_buckets must reach max_num_seqs * (K + 1) = "
-                                 f"{n * (k + 1)}, got {decode_buckets}")
-        else:
-            decode_buckets = powers_of_two(n)
-        self.decode_buckets = decode_buckets
-        parallel = drafter is not None and drafter.kind == "parallel"
-        if parallel:
-            drafter.check_max_depth(k)
-        depths = ()
-        if speculative:
-            # Dynamic drafting chooses among depths 1..K: draft forwards (autoregressive) or
-            # block rows (a block drafter that cuts its block: Drafter.block_lead). One that
-            # runs its whole block whatever it reads out has one depth.
-            choose = not parallel or drafter.block_lead is not None
-            depths = (tuple(range(1, k + 1)) if spec.policy is Policy.DYNAMIC and choose
-                      else (k,))
-        # Verify rows write up to K past seq_len and drafting up to K more.
-        cache_len = _cache_len(config.max_model_len + 2 * k)
-        self.mesh = engine_mesh(config)
-        prefill_buckets, layout = config.buckets, None
-        if self.mesh is not None:
-            layout = MeshLayout.for_target(self.mesh, model.config, num_slots=n)
-            _check_mesh_ops(self.mesh)
-            # Each data-parallel replica takes T / D prompt rows and B / D verify rows of its
-            # own slots: buckets round up to multiples of D.
-            r = layout.replicas
-            if config.max_num_batched_tokens < r:
-                raise ValueError(f"max_num_batched_tokens ({config.max_num_batched_tokens}) "
-                                 f"must be at least the data parallel size ({r}): each "
-                                 "replica prefills its share of it")
-            prefill_buckets, decode_buckets = (tuple(sorted({-(-b // r) * r for b in sizes}))
-                                               for sizes in (prefill_buckets, decode_buckets))
-            self.decode_buckets = decode_buckets
+        self.mesh, layout = shapes.mesh, shapes.layout
+        prefill_buckets = shapes.prefill_buckets
+        self.decode_buckets = decode_buckets = shapes.decode_buckets
         # Over several processes, process 0 decides what follows measured times (multihost.py).
         lockstep = Lockstep() if layout is not None and layout.spans_processes else None
         start = time.perf_counter()
-        self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=cache_len, max_depth=k,
-                                  prefill_buckets=prefill_buckets,
+        self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=shapes.cache_len,
+                                  max_depth=k, prefill_buckets=prefill_buckets,
                                   decode_buckets=decode_buckets,
                                   draft_depths=depths, verifier=verifier,
                                   show_progress=config.show_progress, layout=layout,

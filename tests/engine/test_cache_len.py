@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightspec_jax.engine.engine import _cache_len
+from lightspec_jax.engine.shapes import _cache_len
 from lightspec_jax.pallas_kernels import CACHE_LEN_MULTIPLE
 
 
