@@ -78,6 +78,10 @@ class CostTable:
         # of others. Sorted columns and the donor order per column
         # change only when a column is added (columns are never removed).
         self._cache: dict[int | None, np.ndarray] = {}
+        self._counts: dict[int | None, np.ndarray] = {}  # per column: samples by row key
+        # Where given row counts land among the row keys (plan() asks for the same buckets
+        # every step): rows -> (key index [R], beyond the largest key [R]), until a key is added.
+        self._positions: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.version = 0  # bumped on every change: callers cache what they derive by it
         self._contexts_cache: tuple[int, tuple[int, ...]] | None = None
         self._donor_cache: dict[int | None, list] = {}
@@ -139,16 +143,15 @@ class CostTable:
 
     def estimate_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
         """estimate() for each row count; float64 array in the order given."""
-        rows = np.asarray(list(rows), dtype=np.int64)  # [R]
         if self.is_empty:
             raise ValueError("cost table is empty: profile at least one row count first "
                              "(planners check `is_empty` and plan full width until then)")
+        rows, at, beyond = self._position(rows)
         if rows.size and rows.min() < 1:
             raise ValueError(f"rows must be >= 1, got {int(rows.min())}")
-        values = self._at_context_all(context_len)  # [keys]
-        i = np.searchsorted(np.asarray(self._row_keys), rows, side="left")  # [R]
-        beyond = i == len(self._row_keys)
-        out = values[np.minimum(i, len(self._row_keys) - 1)]
+        out = self._at_context_all(context_len)[at]  # [R]
+        if not beyond.any():
+            return out
         # above the largest key: cost_max * rows / rows_max, in estimate()'s order of operations
         return np.where(beyond, out * rows / self._row_keys[-1], out)
 
@@ -180,13 +183,17 @@ class CostTable:
 
     def count_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
         """count() for each row count: [R] ints (plan() asks for every bucket at once)."""
-        cells = self._cells.get(self._column_for(context_len), {})
-        keys, out = self._row_keys, []
-        for r in rows:
-            i = bisect.bisect_left(keys, r)
-            cell = cells.get(keys[i]) if i < len(keys) else None
-            out.append(0 if cell is None else cell[1])
-        return np.array(out, dtype=np.int64)
+        column = self._column_for(context_len)
+        counts = self._counts.get(column)
+        if counts is None:  # [keys + 1]: each key's samples in this column, then 0 (beyond)
+            cells = self._cells.get(column, {})
+            counts = np.array([cells[k][1] if k in cells else 0 for k in self._row_keys] + [0],
+                              dtype=np.int64)
+            self._counts[column] = counts
+        if not self._row_keys:
+            return np.zeros(len(list(rows)), dtype=np.int64)
+        _, at, beyond = self._position(rows)
+        return counts[np.where(beyond, len(self._row_keys), at)]
 
     # ---- persistence -----------------------------------------------------------------------
 
@@ -245,6 +252,7 @@ class CostTable:
 
     def _clear_caches(self) -> None:
         self._cache.clear()
+        self._counts.clear()
         self.version += 1
 
     def _set(self, rows: int, column: int | None, ms: float, *, count: int) -> None:
@@ -252,7 +260,21 @@ class CostTable:
         i = bisect.bisect_left(self._row_keys, rows)
         if i == len(self._row_keys) or self._row_keys[i] != rows:
             self._row_keys.insert(i, rows)
+            self._positions.clear()
         self._clear_caches()
+
+    def _position(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows [R] int64, the key index each costs as [R], whether it lies beyond the
+        largest key [R]); the table must hold a key. Cached by rows until a key is added (a
+        plan() asks for the same buckets and depths every step)."""
+        key = rows if isinstance(rows, tuple) else tuple(np.asarray(rows).ravel().tolist())
+        hit = self._positions.get(key)
+        if hit is None:
+            values = np.asarray(key, dtype=np.int64)  # [R]
+            i = np.searchsorted(np.asarray(self._row_keys), values, side="left")  # [R]
+            hit = (values, np.minimum(i, len(self._row_keys) - 1), i == len(self._row_keys))
+            self._positions[key] = hit
+        return hit
 
     def _column_for(self, context_len: float | None) -> int | None:
         if not self._context_axis:

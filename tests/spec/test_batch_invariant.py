@@ -56,9 +56,14 @@ def engines():
     return get
 
 
-def _logits(model, tile, tokens, positions, slots, cache):
-    fn = jax.jit(lambda t, p, s, c: model(t, p, s, c, row_tile=tile).logits)
-    return np.asarray(fn(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(slots), cache))
+def _forward(model, tile):
+    """One jitted forward per test (a new function per call would trace and compile again for
+    every call, same shapes or not): rows -> (logits, cache)."""
+    def fn(tokens, positions, slots, cache):
+        out = model(tokens, positions, slots, cache, row_tile=tile)
+        return out.logits, out.cache
+    jitted = jax.jit(fn)
+    return lambda *rows, cache: jitted(*(jnp.asarray(x) for x in rows), cache)
 
 
 @pytest.mark.parametrize("tile", [None, BATCH_INVARIANT_ROW_TILE])
@@ -66,6 +71,8 @@ def test_a_rows_logits_follow_the_batch_only_without_tiles(tile):
     """One decode row per slot, scored alone, in a batch, and as the first of 3 verify rows
     against a longer cache strip: bitwise equal with tiles, not without (the power check)."""
     model = target()
+    forward = _forward(model, tile)
+    logits = lambda *rows, cache: np.asarray(forward(*rows, cache=cache)[0])  # noqa: E731
     rng = np.random.default_rng(0)
     n = 6
     lens = rng.integers(5, 60, n)
@@ -75,15 +82,14 @@ def test_a_rows_logits_follow_the_batch_only_without_tiles(tile):
         cache = model.new_cache(num_slots=n, max_len=strip)
         rows = np.concatenate([np.arange(length) for length in lens])
         slots = np.concatenate([np.full(length, i) for i, length in enumerate(lens)])
-        cache = jax.jit(lambda t, p, s, c: model(t, p, s, c, row_tile=tile).cache)(
-            jnp.asarray(tokens[slots, rows]), jnp.asarray(rows), jnp.asarray(slots), cache)
+        _, cache = forward(tokens[slots, rows], rows, slots, cache=cache)
         nxt = tokens[np.arange(n), lens]
-        alone = np.stack([_logits(model, tile, nxt[i:i + 1], lens[i:i + 1], [i], cache)[0]
+        alone = np.stack([logits(nxt[i:i + 1], lens[i:i + 1], [i], cache=cache)[0]
                           for i in range(n)])
-        batched = _logits(model, tile, nxt, lens, np.arange(n), cache)
-        verify = _logits(model, tile, np.stack([nxt, tokens[:, 0], tokens[:, 1]], 1).ravel(),
-                         (lens[:, None] + np.arange(3)).ravel(), np.repeat(np.arange(n), 3),
-                         cache)[::3]
+        batched = logits(nxt, lens, np.arange(n), cache=cache)
+        verify = logits(np.stack([nxt, tokens[:, 0], tokens[:, 1]], 1).ravel(),
+                        (lens[:, None] + np.arange(3)).ravel(), np.repeat(np.arange(n), 3),
+                        cache=cache)[::3]
         scores += [alone, batched, verify]
     equal = [np.array_equal(scores[0], s) for s in scores[1:]]
     if tile is None:
