@@ -27,10 +27,12 @@ CFG = Qwen3Config(vocab_size=384, hidden_size=256, intermediate_size=768, num_la
                   num_heads=4, num_kv_heads=2, head_dim=64)
 BASE = dict(dtype="bfloat16", max_model_len=96, max_num_batched_tokens=16,
             compilation_cache_dir=None, show_progress=False, batch_invariant=True)
-# name -> (slots, policy, K, verify buckets)
+# name -> (slots, policy, K, verify buckets). The dynamic engine has the static one's shapes,
+# so their verify, prefill and depth-3 draft steps are the same programs (compiled once, the
+# second from the persistent cache); it verifies any width the planner picks up to 16.
 ENGINES = {"alone": (1, "none", 0, None), "plain": (4, "none", 0, None),
            "static_k3": (4, "static", 3, (4, 8, 16)),
-           "dynamic_k4": (4, "dynamic", 4, (4, 8, 12, 20))}
+           "dynamic_k3": (4, "dynamic", 3, (4, 8, 16))}
 
 
 def target():
@@ -120,7 +122,7 @@ def test_greedy_bf16_output_is_the_same_in_any_batch(engines):
         requests = random_requests(rng, 4)
         want = {rid: alone.generate([prompt], params)[0].token_ids
                 for rid, prompt, params, _ in requests}
-        for name in ("plain", "static_k3", "dynamic_k4"):
+        for name in ("plain", "static_k3", "dynamic_k3"):
             outputs = serve(engines(name), requests)
             for rid, *_ in requests:
                 assert outputs[rid].token_ids == want[rid], f"{name} case {case} request {rid}"
