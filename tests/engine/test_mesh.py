@@ -26,8 +26,9 @@ CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh_check.py"
 @pytest.mark.slow
 @pytest.mark.multidevice
 def test_mesh_serving_equals_single_device():
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",  # the suite's XLA flags (conftest.py), and:
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                          + " --xla_force_host_platform_device_count=8").strip())
     proc = subprocess.run([sys.executable, CHECK], env=env, capture_output=True, text=True,
                           timeout=900)
     lines = proc.stdout.strip().splitlines()

@@ -25,7 +25,9 @@ def _free_port() -> int:
 @pytest.mark.slow
 @pytest.mark.multidevice
 def test_two_processes_serve_as_one_device():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    # The suite's XLA flags (conftest.py) without a forced device count: each process has one.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags))
     port = str(_free_port())
     # A process that hangs in a collective (the other never joined) exits by itself after
     # --deadline seconds with its threads' tracebacks on stderr.
