@@ -80,8 +80,8 @@ class CostTable:
         self._cache: dict[int | None, np.ndarray] = {}
         self._counts: dict[int | None, np.ndarray] = {}  # per column: samples by row key
         # Where given row counts land among the row keys (plan() asks for the same buckets
-        # every step): rows -> (key index [R], beyond the largest key [R]), until a key is added.
-        self._positions: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        # every step): rows -> _position(rows), until a key is added.
+        self._positions: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.version = 0  # bumped on every change: callers cache what they derive by it
         self._contexts_cache: tuple[int, tuple[int, ...]] | None = None
         self._donor_cache: dict[int | None, list] = {}
@@ -270,6 +270,8 @@ class CostTable:
         key = rows if isinstance(rows, tuple) else tuple(np.asarray(rows).ravel().tolist())
         hit = self._positions.get(key)
         if hit is None:
+            if len(self._positions) >= 64:  # callers with ever new rows: stay small
+                self._positions.clear()
             values = np.asarray(key, dtype=np.int64)  # [R]
             i = np.searchsorted(np.asarray(self._row_keys), values, side="left")  # [R]
             hit = (values, np.minimum(i, len(self._row_keys) - 1), i == len(self._row_keys))
