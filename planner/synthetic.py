@@ -215,16 +215,50 @@ class AcceptanceModel:
     def respond(self, quality: np.ndarray, drift: np.ndarray, drift_noise: np.ndarray,
                 token_noise: np.ndarray, uniform: np.ndarray, conf_noise: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`step` on given draws: N(0, 1) [N], N(0, 1) [N, K], U(0, 1) [N, K], N(0, 1) [N, K]
-        (a caller may draw many steps' worth at once)."""
+        """`step` on given draws: N(0, 1) [N], N(0, 1) [N, K], U(0, 1) [N, K], N(0, 1) [N, K]."""
+        return self.respond_drawn(quality, drift,
+                                  self.prepare(drift_noise, token_noise, uniform, conf_noise))
+
+    def prepare(self, drift_noise: np.ndarray, token_noise: np.ndarray, uniform: np.ndarray,
+                conf_noise: np.ndarray) -> StepDraws:
+        """What of a step's response does not depend on the requests' state, for draws of
+        any leading shape ([..., N] and [..., N, K]: a caller may prepare many steps at once
+        and respond to them one by one, `respond_drawn(..., draws[t])`)."""
         p = self.profile
-        max_depth = token_noise.shape[1]
         innovation = np.sqrt(1.0 - p.drift_rho ** 2) * p.drift_sigma
-        drift = p.drift_rho * drift + innovation * drift_noise  # [N]
-        logits = ((quality + drift)[:, None] + depth_offsets(self.slope, max_depth)[None, :]
-                  + p.token_sigma * token_noise)  # [N, K]
-        accepted = uniform < _sigmoid(logits)  # [N, K]
-        a = np.cumprod(accepted, axis=1).sum(axis=1)  # [N] leading accepted positions
-        seen = logits + p.conf_noise * conf_noise
-        confidences = _sigmoid(p.conf_gain * seen + p.conf_bias)  # [N, K]
+        # l = (m + z) + beta_j + sigma_tok * eps: everything but the state m + z
+        rest = depth_offsets(self.slope, token_noise.shape[-1]) + p.token_sigma * token_noise
+        with np.errstate(divide="ignore"):  # u = 0: logit -inf, always accepted (as u < s)
+            threshold = np.log(uniform / (1.0 - uniform)) - rest  # [..., N, K]
+        # Accepted: u < sigmoid(l), i.e. m + z > logit(u) - rest. A last column that nothing
+        # passes makes the leading accepted count one argmin (respond_drawn).
+        never = np.full(threshold.shape[:-1] + (1,), np.inf)
+        return StepDraws(drift=innovation * drift_noise,
+                         threshold=np.concatenate([threshold, never], axis=-1),
+                         # c = sigmoid(gain * (l + noise * eta) + bias), less gain * (m + z)
+                         conf=p.conf_gain * (rest + p.conf_noise * conf_noise) + p.conf_bias)
+
+    def respond_drawn(self, quality: np.ndarray, drift: np.ndarray, draws: StepDraws
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One verify step for N requests on prepared draws (`prepare`, one step's worth):
+        (new drift [N], accepted drafts a [N] in 0..K if the full proposal were verified,
+        confidences [N, K]). This runs on the engine's host every step of a synthetic
+        benchmark, in the loop's time: a few array operations."""
+        drift = self.profile.drift_rho * drift + draws.drift  # [N]
+        state = (quality + drift)[:, None]  # [N, 1] m + z
+        a = (state > draws.threshold).argmin(axis=1)  # [N] leading accepted: the first False
+        confidences = 1.0 / (1.0 + np.exp(-(self.profile.conf_gain * state + draws.conf)))
         return drift, a, confidences
+
+
+@dataclass(frozen=True, eq=False)
+class StepDraws:
+    """AcceptanceModel.prepare: the state-free part of one or more steps' responses."""
+
+    drift: np.ndarray  # [..., N] the drift's innovation
+    threshold: np.ndarray  # [..., N, K + 1] position j accepted iff m + z > threshold; the
+    # last column is +inf
+    conf: np.ndarray  # [..., N, K] a confidence's logit, less gain * (m + z)
+
+    def __getitem__(self, t) -> StepDraws:
+        return StepDraws(drift=self.drift[t], threshold=self.threshold[t], conf=self.conf[t])

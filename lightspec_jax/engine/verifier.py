@@ -181,8 +181,8 @@ class SyntheticAcceptance(ExactMatch):
         self.rng = np.random.default_rng(seed)
         self.quality = np.zeros(num_slots)
         self.drift = np.zeros(num_slots)
-        self._draws: tuple[np.ndarray, ...] = (np.zeros((0,)),)  # a block of steps' draws
-        self._at = 0  # the next step's index in the block
+        self._draws = None  # StepDraws of a block of steps [_BLOCK, N(, K)]
+        self._at = self._BLOCK  # the next step's index in the block
 
     def empty_inputs(self, num_slots: int, max_depth: int):
         return (np.zeros((num_slots,), np.int32), np.zeros((num_slots, max_depth), np.float32))
@@ -198,15 +198,16 @@ class SyntheticAcceptance(ExactMatch):
 
         Every slot responds (an idle slot's drift runs on; admission redraws it) to draws made
         `_BLOCK` steps at a time: this runs on the host every step, in the loop's time."""
-        if self._at == len(self._draws[0]):
+        if self._at == self._BLOCK:  # drawn, and what does not depend on the state prepared
             n, k, b = len(self.quality), self.max_depth, self._BLOCK
             rng = self.rng
-            self._draws = (rng.standard_normal((b, n)), rng.standard_normal((b, n, k)),
-                           rng.random((b, n, k)), rng.standard_normal((b, n, k)))
+            self._draws = self.model.prepare(rng.standard_normal((b, n)),
+                                             rng.standard_normal((b, n, k)),
+                                             rng.random((b, n, k)), rng.standard_normal((b, n, k)))
             self._at = 0
         at, self._at = self._at, self._at + 1
-        self.drift, accepted, conf = self.model.respond(
-            self.quality, self.drift, *(d[at] for d in self._draws))
+        self.drift, accepted, conf = self.model.respond_drawn(self.quality, self.drift,
+                                                              self._draws[at])
         accept = np.where(active, accepted, 0).astype(np.int32)
         return accept, np.where(active[:, None], conf, 0.0).astype(np.float32)
 

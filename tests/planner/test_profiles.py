@@ -38,6 +38,41 @@ def test_confidences_are_informative_but_miscalibrated():
     assert abs(conf[:, 0].mean() - hit.mean()) > 0.05  # but not calibrated
 
 
+def test_prepared_draws_answer_as_the_model_states_it():
+    # The module's rule, written out: position j accepted when u < sigmoid(l), l = m + z +
+    # beta_j + sigma_tok * eps; the count is the leading accepted positions; c = sigmoid(gain *
+    # (l + noise * eta) + bias). A block prepared at once (the engine's SyntheticAcceptance)
+    # answers each of its steps as that rule does, u = 0 and all-accepted rows included.
+    from lightspec_jax.planner.synthetic import depth_offsets
+
+    model, p = AcceptanceModel.calibrated("code"), PROFILES["code"]
+    rng = np.random.default_rng(0)
+    steps, n, k = 3, 4000, 7
+    draws = (rng.standard_normal((steps, n)), rng.standard_normal((steps, n, k)),
+             rng.random((steps, n, k)), rng.standard_normal((steps, n, k)))
+    draws[2][0, :5] = 0.0
+    quality = rng.normal(model.mu, p.request_sigma, n)
+    drift = model.initial_drift(rng, n)
+    prepared = model.prepare(*draws)
+    for t in range(steps):
+        dn, tn, u, cn = (d[t] for d in draws)
+        want_drift = p.drift_rho * drift + np.sqrt(1 - p.drift_rho ** 2) * p.drift_sigma * dn
+        logits = ((quality + want_drift)[:, None] + depth_offsets(model.slope, k)
+                  + p.token_sigma * tn)
+        accepted = u < 1.0 / (1.0 + np.exp(-logits))
+        want_a = np.cumprod(accepted, axis=1).sum(axis=1)
+        want_c = 1.0 / (1.0 + np.exp(-(p.conf_gain * (logits + p.conf_noise * cn)
+                                       + p.conf_bias)))
+        got_drift, got_a, got_c = model.respond_drawn(quality, drift, prepared[t])
+        np.testing.assert_array_equal(got_a, want_a)
+        np.testing.assert_allclose(got_c, want_c, rtol=1e-12)
+        np.testing.assert_allclose(got_drift, want_drift, rtol=1e-12)
+        one = model.respond(quality, drift, dn, tn, u, cn)  # one step, prepared on the fly
+        np.testing.assert_array_equal(one[1], want_a)
+        assert (want_a == k).any() and (want_a == 0).any()
+        drift = got_drift
+
+
 def test_simulated_static_depth_7_reproduces_the_calibration_target():
     # End to end: the sampler, request lengths and step loop give the figure the quadrature
     # was solved for (steps weigh slow requests more, as a measured acceptance length does).
