@@ -247,7 +247,7 @@ class AcceptanceModel:
         drift = self.profile.drift_rho * drift + draws.drift  # [N]
         state = (quality + drift)[:, None]  # [N, 1] m + z
         a = (state > draws.threshold).argmin(axis=1)  # [N] leading accepted: the first False
-        confidences = 1.0 / (1.0 + np.exp(-(self.profile.conf_gain * state + draws.conf)))
+        confidences = _sigmoid(self.profile.conf_gain * state + draws.conf)  # [N, K]
         return drift, a, confidences
 
 
