@@ -70,15 +70,6 @@ class _InFlight:
     dispatched_at: float
 
 
-def hides_host_time(config: EngineConfig) -> bool:
-    """Whether the loop hides host time under device time (the planner then prices a step
-    at max(device, host), else at their sum). Overlap hides it on an accelerator; on the CPU
-    backend the "device" computes on the same cores as the host loop, so the two add up
-    (host_overhead.py: with a max() model at c=64 the planner took host-bound rows for free
-    and ran 2.65x a plain step instead of 1.45x)."""
-    return config.overlap and jax.default_backend() != "cpu"
-
-
 class Engine:
     def __init__(self, model, *, config: EngineConfig = EngineConfig(),
                  tokenizer: Tokenizer | None = None, eos_token_ids: Sequence[int] = (),
@@ -141,7 +132,7 @@ class Engine:
                   f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
                   f"{self.compile_seconds:.1f} s")
         self.planning = StepPlanning(config, model, self.runner, drafter, depths=depths,
-                                     overlap=hides_host_time(config), lockstep=lockstep)
+                                     lockstep=lockstep)
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
         self.stats = EngineStats(synthetic_acceptance=verifier.name)
         self.scheduler = Scheduler(num_slots=n, max_rows=config.max_num_batched_tokens,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import jax
 import numpy as np
 
 from lightspec_jax.planner import PlannerSpec, StepObservation, StepPlan, make_planner
@@ -47,15 +48,23 @@ from .runner import ModelRunner
 from .scheduler import Scheduler, rows_needed
 
 
+def hides_host_time(config: EngineConfig) -> bool:
+    """Whether the loop hides host time under device time (the planner then prices a step
+    at max(device, host), else at their sum). Overlap hides it on an accelerator; on the CPU
+    backend the "device" computes on the same cores as the host loop, so the two add up
+    (host_overhead.py: with a max() model at c=64 the planner took host-bound rows for free
+    and ran 2.65x a plain step instead of 1.45x)."""
+    return config.overlap and jax.default_backend() != "cpu"
+
+
 class StepPlanning:
     """The planner of one engine (None for plain decoding), its prices (`cost_profile`), what
     it learns from read-backs (`feedback`) and, over several processes, the shared plans."""
 
     def __init__(self, config: EngineConfig, model, runner: ModelRunner,
-                 drafter: Drafter | None, *, depths: tuple[int, ...], overlap: bool,
+                 drafter: Drafter | None, *, depths: tuple[int, ...],
                  lockstep: Lockstep | None) -> None:
-        """depths: the draft depths the policy may plan; overlap: whether the loop hides host
-        time under device time (engine.hides_host_time)."""
+        """depths: the draft depths the policy may plan."""
         self.runner = runner
         self.planner = self.cost_profile = self.feedback = self.shared = None
         spec = config.speculative
@@ -85,7 +94,7 @@ class StepPlanning:
                         block_size=drafter.block_size if parallel else None,  # one forward
                         block_lead=drafter.block_lead if parallel else None,  # past d
                         floor=spec.policy is Policy.DYNAMIC),
-            overlap=overlap, **tables, **options)
+            overlap=hides_host_time(config), **tables, **options)
         # Over several processes, a plan that follows measured times is process 0's; a static
         # plan follows the requests alone. Process 0 alone learns and writes.
         if lockstep is not None and spec.policy is not Policy.STATIC:
