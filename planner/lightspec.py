@@ -174,7 +174,17 @@ class LightSpecPlanner(BasePlanner):
         if not (self.has_costs and self.stats.has_progress):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
                               depth=self._cold_depth(), reason="cold")
-        probing = self._probe_depth > 0 and d_prev >= self._probe_depth and m == n
+        # A probe is verified by the step after the one that drafted it, new requests in the
+        # batch or not (they verify their target row alone; the sample is the others). A probe
+        # that step does not hold (no request has a proposal, or the engine drafted shallower)
+        # is dropped rather than drafted again: waiting for a batch without new requests kept
+        # one pending for 30-50 steps at c = 256 with requests ending every step, each step
+        # drafting the probe's depth and deciding afresh.
+        probing = self._probe_depth > 0 and d_prev >= self._probe_depth
+        if self._probe_depth > 0 and not probing:
+            self._probe_depth = 0
+            self._last_probe_step = self.steps
+            self._spent_since_probe = 0.0
         key = (n, m, d_prev, available, self.stats.batch_version)
         if (not probing and self._probe_depth == 0 and self._decided is not None
                 and self._decided[0] == key

@@ -192,6 +192,49 @@ def test_probe_drafts_deeper_then_verifies_full_width():
         observe(never, plan, [min(2, plan.verified_depth + 1)] * 4)
 
 
+def test_a_probe_is_verified_the_next_step_while_requests_come_and_go():
+    # Every step a request ends and one arrives (M = N - 1): the probe's proposal is verified
+    # by the very next step at the full width of the requests that hold it, and the planner
+    # never drafts a probe's depth twice in a row. (Waiting for M = N kept one pending for
+    # 30-50 steps at c = 256, drafting its depth each of them.)
+    s = spec(k=7, buckets=tuple(range(1, 33)))
+    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
+                explore_fraction=0.5, min_probe_interval=4)
+    warm(p, n=4)
+    plans = []
+    for _ in range(40):
+        plan = p.plan(num_requests=4, num_with_proposal=3)
+        plans.append(plan)
+        observe(p, plan, [min(2, plan.verified_depth + 1)] * 3 + [1],
+                had_proposal=np.array([True, True, True, False]))
+    probes = [i for i, plan in enumerate(plans) if plan.reason == "probe"]
+    assert len(probes) >= 3, [(q.reason, q.draft_depth) for q in plans]
+    for i in probes:
+        assert plans[i].verified_depth == 3 == plans[i - 1].draft_depth  # 2d+1, drafted once
+        assert plans[i].fill_rows == 4 + 3 * 3  # every holder's drafts, the newcomer's row
+    assert not any(a.draft_depth == b.draft_depth == 3 for a, b in zip(plans, plans[1:]))
+
+
+def test_a_probe_not_drafted_as_planned_is_dropped():
+    # The engine drafted shallower than the probe asked (capped near the model's length): the
+    # next step is no probe, and the planner goes back to its own depth instead of asking again.
+    s = spec(k=7, buckets=tuple(range(1, 33)))
+    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
+                explore_fraction=0.5, min_probe_interval=4)
+    warm(p, n=4)
+    for _ in range(40):
+        plan = p.plan(num_requests=4)
+        if plan.draft_depth == 3:  # a probe is asked for
+            break
+        observe(p, plan, [min(2, plan.verified_depth + 1)] * 4)
+    else:
+        pytest.fail("no probe in 40 steps")
+    observe(p, plan, [min(2, plan.verified_depth + 1)] * 4)
+    capped = p.plan(num_requests=4, proposal_depth=2)
+    assert capped.reason == "plan" and capped.verified_depth == 2
+    assert capped.draft_depth < 3  # not the probe's depth again (d = 1 is best; 2 a rival)
+
+
 def test_bad_calls_get_actionable_errors():
     p = planner(spec(buckets=(2, 4, 8)))
     with pytest.raises(ValueError, match="largest verify bucket 8"):
