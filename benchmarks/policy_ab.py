@@ -13,7 +13,12 @@ A variant is [label=]policy[,option=value...]; option values parse as Python lit
 false and none also work). `force_depth=D` makes the dynamic planner draft D after every step
 and turns its probes off (what the free choice costs against a fixed depth in the same engine).
 `catch_up=false` makes a drafter that catches up (the draft LM, `--drafter`) commit at every
-step instead, floor steps included (what the floor's catch-up saves).
+step instead, floor steps included (what the floor's catch-up saves). `planner_at=REV` builds
+the variant's planner from the planner package at git revision REV (planner_replay.planner_at),
+so a planner change runs against its predecessor in one process:
+
+    python benchmarks/policy_ab.py --workload math --concurrency 64 --num-prompts 256 \
+        old=dynamic:7,planner_at=HEAD new=dynamic:7
 
 Per variant it prints throughput (mean, per repeat, against the first variant, and the range of
 its ratio to the first variant repeat by repeat: the two ran minutes apart at most), the host and
@@ -48,6 +53,7 @@ class Variant:
     options: dict  # planner options (make_planner keyword arguments)
     force_depth: int | None = None
     catch_up: bool = True  # False: the drafter commits at every step (Drafter.catches_up)
+    planner_at: str | None = None  # a git revision whose planner package plans (None: today's)
 
 
 def parse_variant(text: str) -> Variant:
@@ -61,12 +67,15 @@ def parse_variant(text: str) -> Variant:
     name, k = parse_policy(policy)
     if name != "none" and k is None:
         k = 7
-    options, force, catch_up = {}, None, True
+    options, force, catch_up, revision = {}, None, True, None
     for item in rest:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise argparse.ArgumentTypeError(f"variant {text!r}: options are key=value, got "
                                              f"{item!r}")
+        if key == "planner_at":  # a git revision, as written
+            revision = value
+            continue
         word = {"true": "True", "false": "False", "none": "None"}.get(value.lower(), value)
         try:
             parsed = ast.literal_eval(word)
@@ -79,11 +88,12 @@ def parse_variant(text: str) -> Variant:
             catch_up = bool(parsed)
         else:
             options[key] = parsed
-    if (options or force is not None or not catch_up) and name not in ("dynamic", "dspark"):
+    if (options or force is not None or not catch_up or revision) and name not in ("dynamic",
+                                                                                   "dspark"):
         raise argparse.ArgumentTypeError(f"variant {text!r}: planner options apply to dynamic "
                                          "and dspark policies only")
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,
-                   force_depth=force, catch_up=catch_up)
+                   force_depth=force, catch_up=catch_up, planner_at=revision)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
@@ -91,7 +101,11 @@ def build(variant: Variant, args, concurrency: int, longest: int):
     from lightspec_jax.bench.serve import build_engine
     from lightspec_jax.drafters import DraftLMDrafter
 
-    make = planning_module.make_planner
+    make = today = planning_module.make_planner
+    if variant.planner_at is not None:
+        from planner_replay import planner_at
+
+        make = planner_at(variant.planner_at).make_planner
     planning_module.make_planner = lambda *a, **kw: make(*a, **{**kw, **variant.options})
     DraftLMDrafter.catches_up = variant.catch_up  # read once, when the runner is built
     try:
@@ -99,7 +113,7 @@ def build(variant: Variant, args, concurrency: int, longest: int):
                               concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,
                               longest_prompt=longest)
     finally:
-        planning_module.make_planner = make
+        planning_module.make_planner = today
         DraftLMDrafter.catches_up = True
     if variant.force_depth is not None:
         planner, depth = engine.planner, variant.force_depth
