@@ -1,4 +1,5 @@
-"""replan_every: a decision is reused for a few steps of one shape, never across a change."""
+"""replan_every: a decision is reused for a few steps of nearly one shape (the depth verified,
+N within 1/32, the verify bucket), never across a larger change."""
 
 import numpy as np
 import pytest
@@ -8,12 +9,12 @@ from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, make_
 BUCKETS = tuple(range(1, 65))
 
 
-def planner(**options):
-    s = PlannerSpec(verify_buckets=BUCKETS, draft_depths=(1, 2, 3), max_depth=3)
-    rows = {b: 1.0 + 0.05 * b for b in BUCKETS}
+def planner(buckets=BUCKETS, **options):
+    s = PlannerSpec(verify_buckets=buckets, draft_depths=(1, 2, 3), max_depth=3)
+    rows = {b: 1.0 + 0.05 * b for b in buckets}
     # No probes: a probe is a decision of its own and never reused.
     return make_planner("dynamic", s, target_costs=CostTable(rows),
-                        draft_costs=CostTable({b: 0.01 for b in BUCKETS}),
+                        draft_costs=CostTable({b: 0.01 for b in buckets}),
                         explore_fraction=0.0, **options)
 
 
@@ -67,3 +68,38 @@ def test_a_change_of_shape_decides_afresh():
 def test_replan_every_must_be_positive():
     with pytest.raises(ValueError, match="replan_every"):
         planner(replan_every=0)
+
+
+def test_a_batch_a_few_requests_larger_or_smaller_reuses_the_decision():
+    # A serving batch gains and loses a request every step (96 +- 1): the decision is still
+    # made once per window, a reused one keeps its rows (every request's target row among
+    # them) and expects tokens for the batch it serves; a few requests more (over 1/32 of the
+    # decision's N) decide afresh.
+    p = planner(buckets=tuple(range(1, 257)), replan_every=4)
+    run(p, 20, lambda i: 2, n=96)
+    decided = []
+    original = p._next_depth
+    p._next_depth = lambda *a, **k: decided.append(1) or original(*a, **k)
+    sizes = [96, 97, 96, 95] * 15
+    plans, fresh = [], []
+    for n in sizes:
+        before = len(decided)
+        plan = p.plan(num_requests=n)
+        plans.append(plan)
+        fresh.append(len(decided) > before)
+        p.observe(StepObservation(plan=plan, accept_lens=np.full(
+            n, min(2, plan.verified_depth) + 1)))
+    assert sum(fresh) <= len(sizes) // 4 + 3
+    last = None
+    for plan, new in zip(plans, fresh):
+        if new:
+            last = plan
+        elif last is not None:  # the same rows and depth; drafts accepted per draft row kept
+            assert plan.fill_rows == last.fill_rows and plan.draft_depth == last.draft_depth
+            n, n0, rows = plan.num_requests, last.num_requests, plan.fill_rows
+            assert plan.predicted_tokens - n == pytest.approx(
+                (last.predicted_tokens - n0) * (rows - n) / (rows - n0))
+    (anchor, _, _), _, _ = p._decided
+    before = len(decided)
+    p.plan(num_requests=anchor + anchor // 32 + 1)
+    assert len(decided) == before + 1
