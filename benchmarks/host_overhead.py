@@ -13,13 +13,22 @@ reported. Host ms per step comes from the engine's own step records (time the ho
 step() not blocked on the device) where the engine keeps them; an engine without them
 reports none.
 
+With `--churn LO HI` requests end instead after LO-HI tokens each (seeded, the same for every
+policy) and a new one takes each ended one's place, so the batch gains and loses requests
+every step, as a serving batch does; the warm-up is then at least HI steps. A policy
+`NAME:K@REV` plans with the planner package of git revision REV (planner_replay.planner_at),
+to compare a planner change with its predecessor side by side.
+
     python benchmarks/host_overhead.py --concurrency 1 64 256 --out host_overhead.json
+    python benchmarks/host_overhead.py --concurrency 256 --steps 200 --repeats 4 \
+        --churn 16 48 --policies none dynamic:7@HEAD~1 dynamic:7
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 
@@ -39,6 +48,7 @@ def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
 
     cfg = Qwen3Config(**SHAPE)
     target = Qwen3(cfg, rngs=nnx.Rngs(0))
+    policy, _, revision = policy.partition("@")
     name, _, k = policy.partition(":")
     spec, drafter, extra = SpeculativeConfig(), None, {}
     if name != "none":
@@ -51,7 +61,17 @@ def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
                           dtype="float32", speculative=spec,
                           max_num_batched_tokens=max(64, concurrency), show_progress=False,
                           **extra, **config)
-    return Engine(target, config=config, drafter=drafter)
+    if not revision:
+        return Engine(target, config=config, drafter=drafter)
+    import lightspec_jax.engine.planning as planning_module
+    from planner_replay import planner_at
+
+    today = planning_module.make_planner
+    planning_module.make_planner = planner_at(revision).make_planner
+    try:
+        return Engine(target, config=config, drafter=drafter)
+    finally:
+        planning_module.make_planner = today
 
 
 def host_ms(engine) -> list[float] | None:
@@ -63,28 +83,47 @@ def host_ms(engine) -> list[float] | None:
 
 
 def timed_window(engine, *, concurrency: int, warmup: int, steps: int, max_tokens: int,
-                 tag: str) -> dict:
+                 tag: str, churn: tuple[int, int] | None = None) -> dict:
+    """churn: (lo, hi) - each request ends after lo-hi tokens (seeded by `tag`) and a new one
+    takes its place; None: every request decodes through the window (max_tokens)."""
     from lightspec_jax import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=0)
-    ids = [f"{tag}-{i}" for i in range(concurrency)]
-    for i, rid in enumerate(ids):
-        engine.add_request(rid, [1 + (i + j) % 500 for j in range(8)], params)
+    allowances = random.Random(tag)
+    live, added = set(), 0
+
+    def add() -> None:
+        nonlocal added
+        rid, added = f"{tag}-{added}", added + 1
+        allowance = max_tokens if churn is None else allowances.randint(*churn)
+        engine.add_request(rid, [1 + (added + j) % 500 for j in range(8)],
+                           SamplingParams(max_tokens=allowance, ignore_eos=True, seed=0))
+        live.add(rid)
+
+    def step() -> list:
+        outputs = engine.step()
+        for o in outputs:
+            if o.finished and o.request_id in live:
+                live.discard(o.request_id)
+                add()
+        return outputs
+
+    for _ in range(concurrency):
+        add()
     # Every prompt prefilled (each request has produced a token), then `warmup` more steps:
     # the timed window is decode steps only, whatever an engine's prefill budget rule.
     started = set()
     while len(started) < concurrency:
-        started.update(o.request_id for o in engine.step() if o.new_token_ids)
-    for _ in range(warmup):
-        engine.step()
+        started.update(o.request_id for o in step() if o.new_token_ids)
+    for _ in range(warmup if churn is None else max(warmup, churn[1])):
+        step()
     before = host_ms(engine)
     tokens = 0
     start = time.perf_counter()
     for _ in range(steps):
-        tokens += sum(len(o.new_token_ids) for o in engine.step())
+        tokens += sum(len(o.new_token_ids) for o in step())
     wall = time.perf_counter() - start
     after = host_ms(engine)
-    for rid in ids:
+    for rid in live:
         engine.abort(rid)
     while engine.has_unfinished_requests():
         engine.step()
@@ -103,6 +142,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--churn", type=int, nargs=2, default=None, metavar=("LO", "HI"),
+                    help="requests end after LO-HI tokens and are replaced (default: none end)")
     ap.add_argument("--label", default="", help="tag stored with the results (e.g. before/after)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args()
@@ -122,7 +163,7 @@ def main() -> None:
             for policy in args.policies:  # interleaved: machine noise hits every policy alike
                 samples[policy].append(timed_window(
                     engines[policy], concurrency=c, warmup=args.warmup, steps=args.steps,
-                    max_tokens=max_tokens, tag=f"r{rep}"))
+                    max_tokens=max_tokens, tag=f"r{rep}", churn=args.churn))
         plain = statistics.median(s["ms_per_step"] for s in samples.get("none", [])) \
             if "none" in samples else None
         for policy in args.policies:
