@@ -175,14 +175,14 @@ class LightSpecPlanner(BasePlanner):
         if not (self.has_costs and self.stats.has_progress):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
                               depth=self._cold_depth(), reason="cold")
-        # A probe is verified by the step after the one that drafted it, new requests in the
-        # batch or not (they verify their target row alone; the sample is the others). A probe
-        # that step does not hold (no request has a proposal, or the engine drafted shallower)
-        # is dropped rather than drafted again: waiting for a batch without new requests kept
-        # one pending for 30-50 steps at c = 256 with requests ending every step, each step
-        # drafting the probe's depth and deciding afresh.
+        # A probe is verified by the first step that holds its proposal, new requests in the
+        # batch or not (they verify their target row alone; the sample is the others). One
+        # the engine drafted shallower is dropped rather than drafted again: waiting for a
+        # batch without new requests kept one pending for up to 87 steps at c = 256 with
+        # requests ending every step, each step drafting the probe's depth and deciding
+        # afresh. (With no proposal at all - a lone request ended - it waits for the next.)
         probing = self._probe_depth > 0 and d_prev >= self._probe_depth
-        if self._probe_depth > 0 and not probing:
+        if self._probe_depth > 0 and not probing and m > 0:
             self._probe_depth = 0
             self._last_probe_step = self.steps
             self._spent_since_probe = 0.0

@@ -235,6 +235,28 @@ def test_a_probe_not_drafted_as_planned_is_dropped():
     assert capped.draft_depth < 3  # not the probe's depth again (d = 1 is best; 2 a rival)
 
 
+def test_a_probe_waits_out_a_step_without_proposals():
+    # c = 1: the probe's request ended as it was drafted, and the next request's first step
+    # holds no proposal: its proposal is drafted at the probe's depth and verified as the probe.
+    s = spec(k=7, buckets=tuple(range(1, 33)))
+    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
+                explore_fraction=0.5, min_probe_interval=4)
+    warm(p, n=1)
+    for _ in range(40):
+        plan = p.plan(num_requests=1)
+        if plan.draft_depth == 3:
+            break
+        observe(p, plan, [min(2, plan.verified_depth + 1)])
+    else:
+        pytest.fail("no probe in 40 steps")
+    observe(p, plan, [min(2, plan.verified_depth + 1)])
+    newcomer = p.plan(num_requests=1, num_with_proposal=0)
+    assert newcomer.draft_depth == 3
+    observe(p, newcomer, [1])
+    probe = p.plan(num_requests=1)
+    assert probe.reason == "probe" and probe.verified_depth == 3 and probe.fill_rows == 4
+
+
 def test_bad_calls_get_actionable_errors():
     p = planner(spec(buckets=(2, 4, 8)))
     with pytest.raises(ValueError, match="largest verify bucket 8"):
