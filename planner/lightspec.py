@@ -178,9 +178,9 @@ class LightSpecPlanner(BasePlanner):
         # A probe is verified by the first step that holds its proposal, new requests in the
         # batch or not (they verify their target row alone; the sample is the others). One
         # the engine drafted shallower is dropped rather than drafted again: waiting for a
-        # batch without new requests kept one pending for up to 87 steps at c = 256 with
-        # requests ending every step, each step drafting the probe's depth and deciding
-        # afresh. (With no proposal at all - a lone request ended - it waits for the next.)
+        # batch without new requests kept one pending for up to 130 steps at c = 256 with
+        # requests ending every step (ShareGPT), each step drafting the probe's depth and
+        # deciding afresh. (With no proposal at all - a lone request ended - it waits.)
         probing = self._probe_depth > 0 and d_prev >= self._probe_depth
         if self._probe_depth > 0 and not probing and m > 0:
             self._probe_depth = 0
