@@ -93,9 +93,10 @@ def timed_window(engine, *, concurrency: int, warmup: int, steps: int, max_token
 
     def add() -> None:
         nonlocal added
-        rid, added = f"{tag}-{added}", added + 1
+        i, added = added, added + 1
         allowance = max_tokens if churn is None else allowances.randint(*churn)
-        engine.add_request(rid, [1 + (added + j) % 500 for j in range(8)],
+        rid = f"{tag}-{i}"
+        engine.add_request(rid, [1 + (i + j) % 500 for j in range(8)],
                            SamplingParams(max_tokens=allowance, ignore_eos=True, seed=0))
         live.add(rid)
 

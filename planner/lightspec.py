@@ -183,9 +183,7 @@ class LightSpecPlanner(BasePlanner):
         # deciding afresh. (With no proposal at all - a lone request ended - it waits.)
         probing = self._probe_depth > 0 and d_prev >= self._probe_depth
         if self._probe_depth > 0 and not probing and m > 0:
-            self._probe_depth = 0
-            self._last_probe_step = self.steps
-            self._spent_since_probe = 0.0
+            self._end_probe()
         reused = None if probing or self._probe_depth else self._reuse(n, d_prev, available)
         if reused is not None:
             fill, step_ms, tokens, depth = reused
@@ -198,8 +196,7 @@ class LightSpecPlanner(BasePlanner):
         fill, step_ms, tokens = self._evaluate(costs, n, available, d_prev, full=probing)
         reason = "probe" if probing else "plan"
         if probing:
-            self._probe_depth = 0
-            self._last_probe_step = self.steps
+            self._end_probe()
         if self._probe_depth == 0:
             self._probe_depth = self._maybe_probe(costs, n, depth, best_j)
         rival = None
@@ -208,9 +205,7 @@ class LightSpecPlanner(BasePlanner):
         else:
             rival = self._rival(depth, best_j)
             depth = depth if rival is None else rival
-        if probing:
-            self._spent_since_probe = 0.0
-        elif math.isfinite(step_ms):
+        if not probing and math.isfinite(step_ms):
             self._spent_since_probe += step_ms
         self._stage2 = None  # priced for this call only
         # A probe or a rival's visit is one step's decision, never reused.
@@ -218,6 +213,12 @@ class LightSpecPlanner(BasePlanner):
             (n, d_prev, self.stats.batch_version), self.steps, (fill, step_ms, tokens, depth))
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
                           predicted_ms=step_ms, predicted_tokens=tokens)
+
+    def _end_probe(self) -> None:
+        """The pending probe is verified or dropped: the next one is budgeted from here."""
+        self._probe_depth = 0
+        self._last_probe_step = self.steps
+        self._spent_since_probe = 0.0
 
     def _reuse(self, n: int, d_prev: int, available: int) -> tuple | None:
         """The last decision (fill, step ms, tokens, depth), carried to this step if it is

@@ -168,11 +168,28 @@ def test_cheap_rows_verify_everything_and_expensive_rows_trim():
     assert steep.plan(num_requests=4).fill_rows < 16
 
 
-def test_probe_drafts_deeper_then_verifies_full_width():
-    # Cheap draft forwards and rows: the planner settles on d=1 (survival beyond 1 is 0).
+def probing_planner(**options):
+    """Cheap draft forwards and rows, K = 7: with one draft of each proposal accepted the
+    planner settles on d = 1, and its probes draft 2d + 1 = 3."""
     s = spec(k=7, buckets=tuple(range(1, 33)))
-    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
-                explore_fraction=0.5, min_probe_interval=4)
+    return planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
+                   **{"explore_fraction": 0.5, "min_probe_interval": 4, **options})
+
+
+def until_a_probe_is_asked(p, n):
+    """Plans and observes steps of n requests (one draft accepted) until a plan drafts the
+    probe's depth 3; returns that plan, observed."""
+    for _ in range(40):
+        plan = p.plan(num_requests=n)
+        observe(p, plan, [min(2, plan.verified_depth + 1)] * n)
+        if plan.draft_depth == 3:
+            return plan
+    pytest.fail("no probe in 40 steps")
+
+
+def test_probe_drafts_deeper_then_verifies_full_width():
+    # The planner settles on d=1 (survival beyond 1 is 0).
+    p = probing_planner()
     warm(p, n=4)
     reasons = []
     for _ in range(30):
@@ -183,8 +200,7 @@ def test_probe_drafts_deeper_then_verifies_full_width():
     assert probes, reasons
     for reason, depth, fill, _ in probes:
         assert depth == 3 and fill == 4 * (depth + 1)  # 2d+1 with d=1, at full width
-    never = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
-                    explore_fraction=0.0)
+    never = probing_planner(explore_fraction=0.0)
     warm(never, n=4)
     for _ in range(30):
         plan = never.plan(num_requests=4)
@@ -196,10 +212,8 @@ def test_a_probe_is_verified_the_next_step_while_requests_come_and_go():
     # Every step a request ends and one arrives (M = N - 1): the probe's proposal is verified
     # by the very next step at the full width of the requests that hold it, and the planner
     # never drafts a probe's depth twice in a row. (Waiting for M = N kept one pending for
-    # 30-50 steps at c = 256, drafting its depth each of them.)
-    s = spec(k=7, buckets=tuple(range(1, 33)))
-    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
-                explore_fraction=0.5, min_probe_interval=4)
+    # up to 130 steps at c = 256, drafting its depth each of them.)
+    p = probing_planner()
     warm(p, n=4)
     plans = []
     for _ in range(40):
@@ -218,18 +232,9 @@ def test_a_probe_is_verified_the_next_step_while_requests_come_and_go():
 def test_a_probe_not_drafted_as_planned_is_dropped():
     # The engine drafted shallower than the probe asked (capped near the model's length): the
     # next step is no probe, and the planner goes back to its own depth instead of asking again.
-    s = spec(k=7, buckets=tuple(range(1, 33)))
-    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
-                explore_fraction=0.5, min_probe_interval=4)
+    p = probing_planner()
     warm(p, n=4)
-    for _ in range(40):
-        plan = p.plan(num_requests=4)
-        if plan.draft_depth == 3:  # a probe is asked for
-            break
-        observe(p, plan, [min(2, plan.verified_depth + 1)] * 4)
-    else:
-        pytest.fail("no probe in 40 steps")
-    observe(p, plan, [min(2, plan.verified_depth + 1)] * 4)
+    until_a_probe_is_asked(p, 4)
     capped = p.plan(num_requests=4, proposal_depth=2)
     assert capped.reason == "plan" and capped.verified_depth == 2
     assert capped.draft_depth < 3  # not the probe's depth again (d = 1 is best; 2 a rival)
@@ -238,18 +243,9 @@ def test_a_probe_not_drafted_as_planned_is_dropped():
 def test_a_probe_waits_out_a_step_without_proposals():
     # c = 1: the probe's request ended as it was drafted, and the next request's first step
     # holds no proposal: its proposal is drafted at the probe's depth and verified as the probe.
-    s = spec(k=7, buckets=tuple(range(1, 33)))
-    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
-                explore_fraction=0.5, min_probe_interval=4)
+    p = probing_planner()
     warm(p, n=1)
-    for _ in range(40):
-        plan = p.plan(num_requests=1)
-        if plan.draft_depth == 3:
-            break
-        observe(p, plan, [min(2, plan.verified_depth + 1)])
-    else:
-        pytest.fail("no probe in 40 steps")
-    observe(p, plan, [min(2, plan.verified_depth + 1)])
+    until_a_probe_is_asked(p, 1)
     newcomer = p.plan(num_requests=1, num_with_proposal=0)
     assert newcomer.draft_depth == 3
     observe(p, newcomer, [1])
