@@ -64,10 +64,10 @@ def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
     if not revision:
         return Engine(target, config=config, drafter=drafter)
     import lightspec_jax.engine.planning as planning_module
-    from planner_replay import planner_at
+    from planner_replay import make_planner_at
 
     today = planning_module.make_planner
-    planning_module.make_planner = planner_at(revision).make_planner
+    planning_module.make_planner = make_planner_at(revision)
     try:
         return Engine(target, config=config, drafter=drafter)
     finally:

@@ -139,6 +139,20 @@ def planner_at(revision: str):
     return importlib.import_module(name)
 
 
+def make_planner_at(revision: str):
+    """planner_at(revision).make_planner, for today's engine: the dynamic planner's options
+    that the revision does not know (added since) are left out, so it plans as it did then."""
+    package = planner_at(revision)
+    known = {f.name for f in dataclasses.fields(package.LightSpecOptions)}
+    named = {"target_costs", "draft_costs", "depth_costs", "host_costs", "overlap"}
+
+    def make(kind, spec, **kwargs):
+        if {"lightspec": "dynamic"}.get(kind, kind) == "dynamic":
+            kwargs = {k: v for k, v in kwargs.items() if k in named or k in known}
+        return package.make_planner(kind, spec, **kwargs)
+    return make
+
+
 def _differs(a, b) -> str | None:
     """The first field in which two StepPlans differ, or None: the decisions (rows, depths,
     reason) exactly, the predictions (floats) to 1e-9 relative, NaN equal to NaN - a speed-up

@@ -103,9 +103,9 @@ def build(variant: Variant, args, concurrency: int, longest: int):
 
     make = today = planning_module.make_planner
     if variant.planner_at is not None:
-        from planner_replay import planner_at
+        from planner_replay import make_planner_at
 
-        make = planner_at(variant.planner_at).make_planner
+        make = make_planner_at(variant.planner_at)
     planning_module.make_planner = lambda *a, **kw: make(*a, **{**kw, **variant.options})
     DraftLMDrafter.catches_up = variant.catch_up  # read once, when the runner is built
     try:

@@ -74,6 +74,12 @@ class LightSpecOptions:
     # The statistics move a few percent per step at most, and deciding is most of plan()'s
     # host time, which is step time (the engine reuses for 4 steps).
     replan_every: int = 1
+    # While fresh decisions keep choosing the depth the last one chose, the reuse horizon
+    # doubles, up to replan_limit plan() calls (None: replan_every, no growth); a different
+    # depth sets it back to replan_every. A batch that sits at the floor re-decided the same
+    # depth 0 every 4 steps, a third of the dynamic floor's host time over plain decoding at
+    # c = 256 under churn (the engine grows it to 16).
+    replan_limit: int | None = None
     # The batch's acceptance level (level.py): a filtered logit offset of the pooled survival,
     # mean-reverting with `level_rho` per learned step, whose spread across single requests is
     # level_variance (logit^2; an N-request batch's mean: level_variance / N). 0 turns it off.
@@ -108,6 +114,9 @@ class LightSpecOptions:
             raise ValueError(f"min_probe_interval must be >= 1, got {self.min_probe_interval}")
         if self.replan_every < 1:
             raise ValueError(f"replan_every must be >= 1, got {self.replan_every}")
+        if self.replan_limit is not None and self.replan_limit < self.replan_every:
+            raise ValueError(f"replan_limit must be >= replan_every ({self.replan_every}), "
+                             f"got {self.replan_limit}")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -158,6 +167,8 @@ class LightSpecPlanner(BasePlanner):
         self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
         # (shape key, plan() call, (fill, step ms, tokens, depth)) of the last decision
         self._decided: tuple | None = None
+        self._horizon = self.options.replan_every  # plan() calls one decision may serve
+        self._decided_depth: int | None = None  # the depth the last fresh decision chose
         self._scale_cache: tuple | None = None  # (key, [D, C] calibration factors)
         self._last_rival_step = 0
         self._by_depth: tuple = ((), (), [])  # stage 2's prices by depth (for _rival)
@@ -209,10 +220,22 @@ class LightSpecPlanner(BasePlanner):
             self._spent_since_probe += step_ms
         self._stage2 = None  # priced for this call only
         # A probe or a rival's visit is one step's decision, never reused.
-        self._decided = None if (probing or self._probe_depth or rival is not None) else (
-            (n, d_prev, self.stats.batch_version), self.steps, (fill, step_ms, tokens, depth))
+        self._decided = None
+        if not (probing or self._probe_depth or rival is not None):
+            self._decided = ((n, d_prev, self.stats.batch_version), self.steps,
+                             (fill, step_ms, tokens, depth))
+            self._grow_horizon(depth)
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
                           predicted_ms=step_ms, predicted_tokens=tokens)
+
+    def _grow_horizon(self, depth: int) -> None:
+        """A fresh decision of `depth`: the same depth as the last one doubles how long a
+        decision is reused (up to replan_limit), another sets it back to replan_every."""
+        base = self.options.replan_every
+        limit = self.options.replan_limit or base
+        same = depth == self._decided_depth
+        self._horizon = min(2 * self._horizon, limit) if same else base
+        self._decided_depth = depth
 
     def _end_probe(self) -> None:
         """The pending probe is verified or dropped: the next one is budgeted from here."""
@@ -222,7 +245,8 @@ class LightSpecPlanner(BasePlanner):
 
     def _reuse(self, n: int, d_prev: int, available: int) -> tuple | None:
         """The last decision (fill, step ms, tokens, depth), carried to this step if it is
-        at most replan_every - 1 steps old and was made for nearly this batch: the same depth
+        younger than the reuse horizon (replan_every, grown up to replan_limit while fresh
+        decisions repeat their depth) and was made for nearly this batch: the same depth
         verified and class mix, N within 1/32 of the decision's (exactly N below 32), and the
         same verify bucket when its fill is kept - at least N rows, at most those available.
         A serving batch gains and loses a few requests at most steps (c = 256, math: N
@@ -234,7 +258,7 @@ class LightSpecPlanner(BasePlanner):
             return None
         (n0, d0, version), at, (fill0, step_ms, tokens0, depth) = self._decided
         if (d_prev != d0 or version != self.stats.batch_version
-                or self.steps - at >= self.options.replan_every or abs(n - n0) > n0 // 32):
+                or self.steps - at >= self._horizon or abs(n - n0) > n0 // 32):
             return None
         fill = min(max(fill0, n), available)
         if fill != fill0 and self.spec.bucket_for(fill) != self.spec.bucket_for(fill0):

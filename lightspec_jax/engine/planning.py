@@ -79,10 +79,12 @@ class StepPlanning:
             self.cost_profile = p = store.load_or_sweep(
                 runner, depths=depths, show_progress=config.show_progress, lockstep=lockstep)
             tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
-        # A dynamic engine reuses a decision for up to 4 steps of one shape: deciding is most
-        # of plan()'s host time, which at high concurrency is step time.
+        # A dynamic engine reuses a decision for up to 4 steps of one shape, 16 while fresh
+        # decisions repeat their depth: deciding is most of plan()'s host time, which at high
+        # concurrency is step time.
         options = ({"depth": k} if spec.policy is Policy.STATIC else
-                   {"replan_every": 4} if spec.policy is Policy.DYNAMIC else {})
+                   {"replan_every": 4, "replan_limit": 16} if spec.policy is Policy.DYNAMIC
+                   else {})
         # The verify step keeps the drafter's cache current at every depth (a parallel
         # drafter's too: its commit writes the context; one that catches up does so before it
         # drafts again), so depth 0 (no draft step) is a choice: the no-speculation floor.
@@ -178,6 +180,11 @@ class PlannerFeedback:
         drafted, self._last_plan = self._last_plan, plan
         if self.keep_confidences:
             self.last_conf = np.asarray(flight.confidence)
+        if plan.verified_depth == 0 and step_ms is None:
+            # A step that verified no proposal and timed nothing teaches the planner nothing
+            # (the context comes with each plan): at the floor, c = 256, reading it back for
+            # the planner cost 0.17 ms a step.
+            return 0.0
         accepted = readback[live, c.accepted]
         if not len(accepted):
             return 0.0

@@ -1,5 +1,7 @@
 """replan_every: a decision is reused for a few steps of nearly one shape (the depth verified,
-N within 1/32, the verify bucket), never across a larger change."""
+N within 1/32, the verify bucket), never across a larger change; replan_limit: while fresh
+decisions repeat their depth, that window doubles up to the limit, and a new depth sets it
+back."""
 
 import numpy as np
 import pytest
@@ -68,6 +70,55 @@ def test_a_change_of_shape_decides_afresh():
 def test_replan_every_must_be_positive():
     with pytest.raises(ValueError, match="replan_every"):
         planner(replan_every=0)
+    with pytest.raises(ValueError, match="replan_limit"):
+        planner(replan_every=4, replan_limit=2)
+
+
+def counting(p):
+    """p, with the list that its fresh decisions append to."""
+    decided = []
+    original = p._next_depth
+    p._next_depth = lambda *a, **k: decided.append(p.steps) or original(*a, **k)
+    return decided
+
+
+def test_a_repeated_depth_grows_the_window_up_to_replan_limit():
+    steady = planner(replan_every=4)
+    grown = planner(replan_every=4, replan_limit=16)
+    for p in (steady, grown):
+        run(p, 20, lambda i: 2)
+    counts = [counting(steady), counting(grown)]
+    for p in (steady, grown):
+        run(p, 96, lambda i: 2)
+    assert len(counts[0]) >= 96 // 4
+    assert len(counts[1]) <= 96 // 16 + 3  # 4, 8, then every 16th step
+    gaps = np.diff(counts[1])
+    assert gaps.max() == 16 and gaps.min() >= 4
+
+
+def test_a_new_depth_sets_the_window_back():
+    # Acceptance collapses at step 80, after a long steady stretch: the grown window follows
+    # within replan_limit steps of an every-step planner, and then decides every
+    # replan_every steps again until its new depth repeats.
+    def accept(i):
+        return 3 if i < 80 else 0
+    fresh = run(planner(), 120, accept)
+    p = planner(replan_every=4, replan_limit=16)
+    run(p, 60, accept)
+    decided = counting(p)
+    lazy = fresh[:60] + run_from(p, 60, 120, accept)
+    first = next(i for i, q in enumerate(fresh) if i >= 80 and q.draft_depth == 1)
+    moved = next(i for i, q in enumerate(lazy) if i >= 80 and q.draft_depth == 1)
+    assert first <= moved < first + 16
+    # plan() calls count from 1: step i is call i + 1. The decisions after the move come
+    # 4, then 8 calls apart at most, not 16.
+    after = [s for s in decided if s > moved + 1]
+    assert after[0] - (moved + 1) <= 4 and after[1] - after[0] <= 8
+
+
+def run_from(p, start, stop, accept_of, n=16):
+    """run(), for steps start..stop - 1 of the same accept_of."""
+    return run(p, stop - start, lambda i: accept_of(start + i), n=n)
 
 
 def test_a_batch_a_few_requests_larger_or_smaller_reuses_the_decision():
