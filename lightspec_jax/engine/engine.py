@@ -65,6 +65,7 @@ class _InFlight:
     plan: StepPlan | None
     with_proposal: np.ndarray  # [N] bool: slots a draft run gave a proposal, at dispatch
     prefill_rows: int
+    prefill_ms: float  # host ms the step spent dispatching its slot writes and prompt chunks
     context_len: int
     busy_at_enqueue: bool
     dispatched_at: float
@@ -234,12 +235,13 @@ class Engine:
                 flight = self._run(self.scheduler.schedule())
             # Host time is priced by whether the step dispatched drafting (planner.base).
             drafted = bool(flight and flight.plan and flight.plan.draft_depth > 0)
-            # A step that dispatched a prefill, or compiled a variant on first use, is no
-            # sample of a decode step's host time or period: a prompt costs the host far more
-            # (on a CPU it computes there), a compile hundreds of ms. One such sample priced
-            # a regime several-fold off, and the planner never went back to correct it. Nor
-            # is a step that read before dispatching: the loop did not overlap there.
-            sample = not (flight and flight.prefill_rows) and not drain
+            # A step that compiled a variant on first use is no sample of a decode step's
+            # host time or period (a compile costs hundreds of ms: one such sample priced a
+            # regime several-fold off, and the planner never went back to correct it), nor is
+            # a step that read before dispatching (the loop did not overlap there). One that
+            # dispatched a prompt chunk is, less that dispatch (PlannerFeedback.record).
+            sample = not drain
+            prompt_ms = flight.prefill_ms if flight and flight.prefill_rows else None
             if self.config.overlap:
                 flight, self._in_flight = self._in_flight, flight
             if flight is not None:
@@ -252,7 +254,7 @@ class Engine:
         if event is not None:
             sample = sample and lazy_compile_events() == compiled
             self._observe(event, host_ms=1e3 * elapsed - wait_ms, drafted=drafted,
-                          sample=sample)
+                          sample=sample, prompt_ms=prompt_ms)
         return outputs
 
     def generate(self, prompts: Sequence[str | Sequence[int]],
@@ -304,10 +306,12 @@ class Engine:
     def _run(self, batch) -> _InFlight:
         """Plans and dispatches a scheduled step; never waits for the device."""
         runner, scheduler = self.runner, self.scheduler
+        started = time.perf_counter()
         if batch.writes:
             self.verifier.admit(np.array([s for s, r in batch.writes if r is not None], int))
             runner.write(batch.writes)
         first, where = runner.prefill(batch.prefills) if batch.prefills else (None, None)
+        prefill_ms = 1e3 * (time.perf_counter() - started)
         plan = readback = conf = None
         # The previous decode still running means the device is busy: no idle gap before this.
         busy = self._last_readback is not None and not self._last_readback.is_ready()
@@ -330,7 +334,7 @@ class Engine:
                          first_tokens=first, first_index=where, readback=readback,
                          confidence=conf, plan=plan,
                          with_proposal=batch.with_proposal, prefill_rows=batch.prefill_rows,
-                         context_len=batch.context_len,
+                         prefill_ms=prefill_ms, context_len=batch.context_len,
                          busy_at_enqueue=busy, dispatched_at=time.perf_counter())
 
     def _postprocess(self, flight: _InFlight):
@@ -375,17 +379,20 @@ class Engine:
                     used_rows=int((verified + 1).sum()), draft_depth=plan.draft_depth,
                     accepted=int(accepted.sum()), emitted=int(readback[live, c.emitted].sum()))
 
-    def _observe(self, event: StepEvent, host_ms: float, drafted: bool, sample: bool) -> None:
+    def _observe(self, event: StepEvent, host_ms: float, drafted: bool, sample: bool,
+                 prompt_ms: float | None) -> None:
         """Records a read-back step, hands it to the planner's feedback (`sample`: the step()
-        call that read it did a decode step's work alone) and to the step observers."""
+        call that read it compiled nothing and overlapped; `prompt_ms`: the host ms it spent
+        dispatching slot writes and prompt chunks, None if it dispatched no chunk) and to the
+        step observers."""
         event = dataclasses.replace(event, record=dataclasses.replace(
             event.record, host_ms=host_ms, plan_ms=self._plan_ms))
         self._plan_ms = 0.0
         self.stats.record(event.record)
         feedback = self.planning.feedback
         if feedback is not None:
-            feedback.record(event, host_ms=host_ms, drafted=drafted, sample=sample,
-                            decode_steps=self.stats.decode_steps)
+            feedback.record(event, host_ms=host_ms, prompt_ms=prompt_ms, drafted=drafted,
+                            sample=sample, decode_steps=self.stats.decode_steps)
         for observer in self._observers:
             observer(event)
 

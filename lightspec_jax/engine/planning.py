@@ -19,15 +19,16 @@ it four things, each at the moment it is known:
   the device interval between this read-back and the previous one when the device never
   idled between them - the previous step's drafting and this verify, which the online cost
   refresh splits over its tables;
-* the host ms the step() call spent (`record`: observe_host), when that call did a decode
-  step's work alone;
+* the host ms the step() call spent (`record`: observe_host), less what dispatching its
+  prompt chunks took;
 * the loop's period between two read-backs (`record`: observe_period), what the step really
   cost, for the whole-step calibration;
 * for the DSpark-style policy, the verified proposal's confidences, which the next plan reads.
 
-Steps that also ran a prompt chunk, compiled a variant on first use or read before dispatching
-are not samples of a decode step's costs (see `record`). The refreshed cost tables go back to
-the engine's persistent store now and then, and when generate() ends (`save`).
+Steps that compiled a variant on first use or read before dispatching are not samples of a
+decode step's costs, nor are the device interval and period of a step that ran a prompt chunk
+(see `learn`, `record`). The refreshed cost tables go back to the engine's persistent store now
+and then, and when generate() ends (`save`).
 """
 
 from __future__ import annotations
@@ -206,18 +207,26 @@ class PlannerFeedback:
             draft_plan=drafted if step_ms is not None else None))
         return 1e3 * (time.perf_counter() - started)
 
-    def record(self, event, *, host_ms: float, drafted: bool, sample: bool,
-               decode_steps: int) -> None:
-        """A step read back and recorded: its host time and the loop's period feed the planner
-        only when the step() call that read it did a decode step's work alone (`sample`) and
-        the step read back carried no prefill either."""
+    def record(self, event, *, host_ms: float, prompt_ms: float | None, drafted: bool,
+               sample: bool, decode_steps: int) -> None:
+        """A step read back and recorded by a step() call that spent `host_ms` on the host,
+        `prompt_ms` of it dispatching slot writes and prompt chunks (None: no chunk). When the
+        call is a sample (it compiled nothing and overlapped: `sample`), its host time less the
+        prompt work feeds the planner's host prices: in a serving batch at high concurrency
+        nearly every step carries a chunk, and leaving those out left the planner no host
+        prices at all (c = 256 under churn). The loop's period feeds the calibration only
+        between steps without prompt work, which a period would hold: neither the step read
+        back nor the call may have dispatched a chunk."""
         record = event.record
-        if self.refresh_costs and record.num_requests and not record.prefill_rows and sample:
-            self.planner.observe_host(num_requests=record.num_requests, host_ms=host_ms,
-                                      drafted=drafted)
-            self._observe_period(event)
-        else:
+        if not (self.refresh_costs and record.num_requests and sample):
             self._last_read = None
+        else:
+            self.planner.observe_host(num_requests=record.num_requests,
+                                      host_ms=host_ms - (prompt_ms or 0.0), drafted=drafted)
+            if prompt_ms is None and not record.prefill_rows:
+                self._observe_period(event)
+            else:
+                self._last_read = None
         if record.verify_rows and decode_steps % 1024 == 0:
             self.save()
 

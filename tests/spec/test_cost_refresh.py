@@ -1,6 +1,8 @@
 """Online cost refresh inside the engine: a step's device time is taken only when the host can
 tell it from its own timestamps, and refreshed cells stay in the sweep's range."""
 
+import time
+
 import numpy as np
 
 from lightspec_jax import SamplingParams
@@ -61,11 +63,13 @@ def _reference_column(table: dict) -> dict:
 
 
 def test_host_samples_come_from_decode_work_alone(target_dir, monkeypatch):
-    """The planner prices a step's host time from the loop's samples. A step() that dispatched
-    a prefill, or compiled a sampled variant on its first use, spent hundreds of ms on that:
-    one such sample priced a regime several-fold off (the planner then sat at the floor, or
-    never took it, and never went back to correct the price). No such step may feed the host
-    tables. A fresh engine, so that sampled requests compile their variants lazily here."""
+    """The planner prices a step's host time from the loop's samples. A step() that compiled a
+    sampled variant on its first use spent hundreds of ms on that: one such sample priced a
+    regime several-fold off (the planner then sat at the floor, or never took it, and never
+    went back to correct the price). No such step may feed the host tables. A step that
+    dispatched a prompt chunk does, less the host time of that dispatch: here each chunk's
+    dispatch takes 300 ms, and no sample may hold it. A fresh engine, so that sampled
+    requests compile their variants lazily here."""
     from conftest import BASE, make_drafter
 
     from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
@@ -78,27 +82,32 @@ def test_host_samples_come_from_decode_work_alone(target_dir, monkeypatch):
     engine = Engine(load_qwen3(target_dir), config=config,
                     drafter=make_drafter("copy", target_dir, 0.2), eos_token_ids=(1,))
     runner, planner = engine.runner, engine.planner
-    tainted = {"now": False, "steps": 0, "samples": 0}
+    seen = {"compiled": False, "prompt": False, "steps": 0, "samples": 0, "with_prompt": 0}
     for name in ("prefill", "decode"):
         real = getattr(runner, name)
 
         def watch(*args, _real=real, _name=name, **kw):
             compiles = buckets.lazy_compile_events()
+            if _name == "prefill":
+                time.sleep(0.3)  # a slow dispatch of prompt work
+                seen["prompt"] = True
             out = _real(*args, **kw)
-            tainted["now"] |= _name == "prefill" or buckets.lazy_compile_events() != compiles
+            seen["compiled"] |= buckets.lazy_compile_events() != compiles
             return out
         monkeypatch.setattr(runner, name, watch)
     step, observe_host = engine.step, planner.observe_host
 
     def counted_step():
-        tainted["now"] = False
+        seen["compiled"] = seen["prompt"] = False
         out = step()
-        tainted["steps"] += tainted["now"]
+        seen["steps"] += seen["compiled"]
         return out
 
     def checked_observe_host(**kw):
-        assert not tainted["now"], "a prefill or compile step fed the host cost tables"
-        tainted["samples"] += 1
+        assert not seen["compiled"], "a compile step fed the host cost tables"
+        assert kw["host_ms"] < 200.0, "a prompt chunk's dispatch reached the host cost tables"
+        seen["samples"] += 1
+        seen["with_prompt"] += seen["prompt"]
         return observe_host(**kw)
     monkeypatch.setattr(engine, "step", counted_step)
     monkeypatch.setattr(planner, "observe_host", checked_observe_host)
@@ -110,9 +119,9 @@ def test_host_samples_come_from_decode_work_alone(target_dir, monkeypatch):
     lengths = (10, 40, 12, 8)
     engine.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.8, seed=i,
                                              ignore_eos=True) for i, n in enumerate(lengths)])
-    # Not vacuous: variants compiled on first use, prefills ran, and clean steps still fed
-    # the tables.
+    # Not vacuous: variants compiled on first use, prompt chunks were dispatched beside
+    # decode steps that fed the tables, and other clean steps fed them too.
     assert buckets.lazy_compile_events() > before
-    assert tainted["steps"] >= 2 and tainted["samples"] >= 10
+    assert seen["steps"] >= 2 and seen["samples"] >= 10 and seen["with_prompt"] >= 1
     host = planner.host_draft_costs
     assert not host.is_empty and host.estimate(2) < 200.0
