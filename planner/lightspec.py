@@ -74,11 +74,13 @@ class LightSpecOptions:
     # The statistics move a few percent per step at most, and deciding is most of plan()'s
     # host time, which is step time (the engine reuses for 4 steps).
     replan_every: int = 1
-    # While fresh decisions keep choosing the depth the last one chose, the reuse horizon
-    # doubles, up to replan_limit plan() calls (None: replan_every, no growth); a different
-    # depth sets it back to replan_every. A batch that sits at the floor re-decided the same
-    # depth 0 every 4 steps, a third of the dynamic floor's host time over plain decoding at
-    # c = 256 under churn (the engine grows it to 16).
+    # While fresh decisions keep choosing the floor (depth 0), the reuse horizon doubles, up
+    # to replan_limit plan() calls (None: replan_every, no growth); any other depth sets it
+    # back to replan_every. A batch that sits at the floor re-decided depth 0 every 4 steps,
+    # a third of the dynamic floor's host time over plain decoding at c = 256 under churn
+    # (the engine grows it to 16). Drafting decisions keep the short window: a probe or a
+    # rival depth is tried only at a fresh decision, and at c = 32 (math) a grown window
+    # at every depth held the planner at depth 1 through one of two runs.
     replan_limit: int | None = None
     # The batch's acceptance level (level.py): a filtered logit offset of the pooled survival,
     # mean-reverting with `level_rho` per learned step, whose spread across single requests is
@@ -229,12 +231,12 @@ class LightSpecPlanner(BasePlanner):
                           predicted_ms=step_ms, predicted_tokens=tokens)
 
     def _grow_horizon(self, depth: int) -> None:
-        """A fresh decision of `depth`: the same depth as the last one doubles how long a
-        decision is reused (up to replan_limit), another sets it back to replan_every."""
+        """A fresh decision of `depth`: the floor chosen again doubles how long a decision
+        is reused (up to replan_limit); anything else sets it back to replan_every."""
         base = self.options.replan_every
         limit = self.options.replan_limit or base
-        same = depth == self._decided_depth
-        self._horizon = min(2 * self._horizon, limit) if same else base
+        again = depth == 0 and self._decided_depth == 0
+        self._horizon = min(2 * self._horizon, limit) if again else base
         self._decided_depth = depth
 
     def _end_probe(self) -> None:
@@ -246,7 +248,7 @@ class LightSpecPlanner(BasePlanner):
     def _reuse(self, n: int, d_prev: int, available: int) -> tuple | None:
         """The last decision (fill, step ms, tokens, depth), carried to this step if it is
         younger than the reuse horizon (replan_every, grown up to replan_limit while fresh
-        decisions repeat their depth) and was made for nearly this batch: the same depth
+        decisions repeat the floor) and was made for nearly this batch: the same depth
         verified and class mix, N within 1/32 of the decision's (exactly N below 32), and the
         same verify bucket when its fill is kept - at least N rows, at most those available.
         A serving batch gains and loses a few requests at most steps (c = 256, math: N

@@ -81,7 +81,7 @@ class StepPlanning:
                 runner, depths=depths, show_progress=config.show_progress, lockstep=lockstep)
             tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
         # A dynamic engine reuses a decision for up to 4 steps of one shape, 16 while fresh
-        # decisions repeat their depth: deciding is most of plan()'s host time, which at high
+        # decisions repeat the floor: deciding is most of plan()'s host time, which at high
         # concurrency is step time.
         options = ({"depth": k} if spec.policy is Policy.STATIC else
                    {"replan_every": 4, "replan_limit": 16} if spec.policy is Policy.DYNAMIC

@@ -1,7 +1,7 @@
 """replan_every: a decision is reused for a few steps of nearly one shape (the depth verified,
 N within 1/32, the verify bucket), never across a larger change; replan_limit: while fresh
-decisions repeat their depth, that window doubles up to the limit, and a new depth sets it
-back."""
+decisions choose the floor again, that window doubles up to the limit; a drafting decision
+keeps (or sets back) the short one."""
 
 import numpy as np
 import pytest
@@ -11,12 +11,12 @@ from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, make_
 BUCKETS = tuple(range(1, 65))
 
 
-def planner(buckets=BUCKETS, **options):
-    s = PlannerSpec(verify_buckets=buckets, draft_depths=(1, 2, 3), max_depth=3)
+def planner(buckets=BUCKETS, floor=False, draft_ms=0.01, **options):
+    s = PlannerSpec(verify_buckets=buckets, draft_depths=(1, 2, 3), max_depth=3, floor=floor)
     rows = {b: 1.0 + 0.05 * b for b in buckets}
     # No probes: a probe is a decision of its own and never reused.
     return make_planner("dynamic", s, target_costs=CostTable(rows),
-                        draft_costs=CostTable({b: 0.01 for b in buckets}),
+                        draft_costs=CostTable({b: draft_ms for b in buckets}),
                         explore_fraction=0.0, **options)
 
 
@@ -82,38 +82,42 @@ def counting(p):
     return decided
 
 
-def test_a_repeated_depth_grows_the_window_up_to_replan_limit():
-    steady = planner(replan_every=4)
-    grown = planner(replan_every=4, replan_limit=16)
+def test_the_floor_chosen_again_grows_the_window_up_to_replan_limit():
+    # Drafts stop being accepted at step 30: both planners go to the floor (no probes here),
+    # and there the grown one decides 4, 8, then every 16 steps apart.
+    def accept(i):
+        return 3 if i < 30 else 0
+    steady = planner(floor=True, draft_ms=0.5, replan_every=4)
+    grown = planner(floor=True, draft_ms=0.5, replan_every=4, replan_limit=16)
     for p in (steady, grown):
-        run(p, 20, lambda i: 2)
+        assert run(p, 60, accept)[-1].draft_depth == 0
     counts = [counting(steady), counting(grown)]
     for p in (steady, grown):
-        run(p, 96, lambda i: 2)
+        assert all(q.draft_depth == 0 for q in run_from(p, 60, 156, accept))
     assert len(counts[0]) >= 96 // 4
-    assert len(counts[1]) <= 96 // 16 + 3  # 4, 8, then every 16th step
-    gaps = np.diff(counts[1])
-    assert gaps.max() == 16 and gaps.min() >= 4
+    assert len(counts[1]) <= 96 // 16 + 3
+    assert np.diff(counts[1]).max() == 16
 
 
-def test_a_new_depth_sets_the_window_back():
-    # Acceptance collapses at step 80, after a long steady stretch: the grown window follows
-    # within replan_limit steps of an every-step planner, and then decides every
-    # replan_every steps again until its new depth repeats.
-    def accept(i):
-        return 3 if i < 80 else 0
-    fresh = run(planner(), 120, accept)
+def test_drafting_decisions_keep_the_short_window():
+    # A steady depth 2 decides every replan_every steps, replan_limit or not.
     p = planner(replan_every=4, replan_limit=16)
-    run(p, 60, accept)
+    run(p, 20, lambda i: 2)
     decided = counting(p)
-    lazy = fresh[:60] + run_from(p, 60, 120, accept)
-    first = next(i for i, q in enumerate(fresh) if i >= 80 and q.draft_depth == 1)
-    moved = next(i for i, q in enumerate(lazy) if i >= 80 and q.draft_depth == 1)
-    assert first <= moved < first + 16
-    # plan() calls count from 1: step i is call i + 1. The decisions after the move come
-    # 4, then 8 calls apart at most, not 16.
-    after = [s for s in decided if s > moved + 1]
-    assert after[0] - (moved + 1) <= 4 and after[1] - after[0] <= 8
+    run(p, 96, lambda i: 2)
+    assert len(decided) >= 96 // 4 - 1 and np.diff(decided).max() <= 4
+
+
+def test_a_drafting_decision_sets_the_window_back():
+    # The rule itself, over a sequence of fresh decisions' depths: the floor again doubles
+    # the window, anything else (leaving the floor, or the first floor after drafting) sets
+    # it back to replan_every.
+    p = planner(floor=True, replan_every=4, replan_limit=16)
+    horizons = []
+    for depth in (0, 0, 0, 0, 2, 0, 0, 3, 3):
+        p._grow_horizon(depth)
+        horizons.append(p._horizon)
+    assert horizons == [4, 8, 16, 16, 4, 4, 8, 4, 4]
 
 
 def run_from(p, start, stop, accept_of, n=16):
