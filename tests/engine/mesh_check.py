@@ -77,7 +77,9 @@ def check_floor_catch_up(engine: Engine, plain: Engine) -> dict:
         return (0 if 2 <= len(calls) < 7 else K), 0.0
 
     planner._next_depth, options = scripted, planner.options
-    planner.options = dataclasses.replace(options, explore_fraction=0.0)  # no probes
+    # No probes, and a decision every replan_every steps at the floor too (a grown window
+    # would hold the 5 floor decisions past the requests' end).
+    planner.options = dataclasses.replace(options, explore_fraction=0.0, replan_limit=None)
     rng = np.random.default_rng(8)
     prompts = {f"floor-{i}": rng.integers(2, 500, size=int(rng.integers(3, 12))).tolist()
                for i in range(4)}
