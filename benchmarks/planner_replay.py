@@ -168,10 +168,18 @@ def _differs(a, b) -> str | None:
     return None
 
 
+def _decides_alike(a, b) -> bool:
+    """Whether two StepPlans make the same decision (rows, depths, reason): every field but
+    the predictions (floats)."""
+    return all(x == y for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b))
+               if not isinstance(x, float))
+
+
 def _run(planner, calls) -> tuple[dict[str, float], int, str]:
-    """One pass over the recorded calls: (seconds by call, plans that differ, the first)."""
+    """One pass over the recorded calls: (seconds by call, plans that differ, the first, and
+    how many of them in a decision)."""
     spent: dict[str, float] = defaultdict(float)
-    mismatches, first, plans = 0, "", 0
+    mismatches, first, plans, decisions = 0, "", 0, 0
     for name, a, kw, result in calls:
         method = getattr(planner, name)
         start = time.perf_counter()
@@ -182,8 +190,9 @@ def _run(planner, calls) -> tuple[dict[str, float], int, str]:
             why = _differs(out, result)
             if why is not None:
                 mismatches += 1
+                decisions += not _decides_alike(out, result)
                 first = first or f" (the first, plan {plans}: {why})"
-    return spent, mismatches, first
+    return spent, mismatches, first, decisions
 
 
 def replay(args) -> int:
@@ -201,9 +210,9 @@ def replay(args) -> int:
         for repeat in range(args.repeats):
             order = list(versions)[::1 if repeat % 2 == 0 else -1]  # alternate who goes first
             for version in order:
-                spent, mismatches, first = _run(
+                spent, mismatches, first, decisions = _run(
                     _fresh_planner(recording["planner"], versions[version]), calls)
-                outcome[version] = (mismatches, first)
+                outcome[version] = (mismatches, first, decisions)
                 for name, seconds in spent.items():
                     best[version][name] = min(best[version][name], seconds)
         differ += outcome["today"][0]
@@ -213,10 +222,10 @@ def replay(args) -> int:
                               for name in CALLS if name in best[version])
             totals[version] = sum(best[version].values())
             label = f"{path}: {steps} plans; " if version == "today" else f"  {version}: "
-            mismatches, first = outcome[version]
+            mismatches, first, decisions = outcome[version]
             print(f"{label}us per step, best of {args.repeats}: total "
                   f"{1e6 * totals[version] / steps:.0f} ({parts}); plans that differ: "
-                  f"{mismatches}{first}")
+                  f"{mismatches}, {decisions} in a decision{first}")
         if args.against:
             print(f"  today / {args.against}: {totals['today'] / totals[args.against]:.3f}")
     return 1 if differ else 0
