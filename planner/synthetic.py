@@ -219,13 +219,22 @@ class AcceptanceModel:
         return self.respond_drawn(quality, drift,
                                   self.prepare(drift_noise, token_noise, uniform, conf_noise))
 
-    def prepare(self, drift_noise: np.ndarray, token_noise: np.ndarray, uniform: np.ndarray,
-                conf_noise: np.ndarray) -> StepDraws:
+    def innovations(self, drift_noise: np.ndarray) -> np.ndarray:
+        """The drift's innovations from N(0, 1) draws of any shape: what `drifted` adds."""
+        p = self.profile
+        return np.sqrt(1.0 - p.drift_rho ** 2) * p.drift_sigma * drift_noise
+
+    def drifted(self, drift: np.ndarray, innovation: np.ndarray) -> np.ndarray:
+        """[N] the drift one step on (AR(1)): what every step does, verifying or not."""
+        return self.profile.drift_rho * drift + innovation
+
+    def prepare(self, drift_noise: np.ndarray | None, token_noise: np.ndarray,
+                uniform: np.ndarray, conf_noise: np.ndarray) -> StepDraws:
         """What of a step's response does not depend on the requests' state, for draws of
         any leading shape ([..., N] and [..., N, K]: a caller may prepare many steps at once
-        and respond to them one by one, `respond_drawn(..., draws[t])`)."""
+        and respond to them one by one, `respond_drawn(..., draws[t])`). drift_noise None:
+        the caller draws the drift's innovations apart (`innovations`) and puts them in."""
         p = self.profile
-        innovation = np.sqrt(1.0 - p.drift_rho ** 2) * p.drift_sigma
         # l = (m + z) + beta_j + sigma_tok * eps: everything but the state m + z
         rest = depth_offsets(self.slope, token_noise.shape[-1]) + p.token_sigma * token_noise
         with np.errstate(divide="ignore"):  # u = 0: logit -inf, always accepted (as u < s)
@@ -233,7 +242,7 @@ class AcceptanceModel:
         # Accepted: u < sigmoid(l), i.e. m + z > logit(u) - rest. A last column that nothing
         # passes makes the leading accepted count one argmin (respond_drawn).
         never = np.full(threshold.shape[:-1] + (1,), np.inf)
-        return StepDraws(drift=innovation * drift_noise,
+        return StepDraws(drift=None if drift_noise is None else self.innovations(drift_noise),
                          threshold=np.concatenate([threshold, never], axis=-1),
                          # c = sigmoid(gain * (l + noise * eta) + bias), less gain * (m + z)
                          conf=p.conf_gain * (rest + p.conf_noise * conf_noise) + p.conf_bias)
@@ -244,7 +253,7 @@ class AcceptanceModel:
         (new drift [N], accepted drafts a [N] in 0..K if the full proposal were verified,
         confidences [N, K]). This runs on the engine's host every step of a synthetic
         benchmark, in the loop's time: a few array operations."""
-        drift = self.profile.drift_rho * drift + draws.drift  # [N]
+        drift = self.drifted(drift, draws.drift)  # [N]
         state = (quality + drift)[:, None]  # [N, 1] m + z
         a = (state > draws.threshold).argmin(axis=1)  # [N] leading accepted: the first False
         confidences = _sigmoid(self.profile.conf_gain * state + draws.conf)  # [N, K]
@@ -255,10 +264,11 @@ class AcceptanceModel:
 class StepDraws:
     """AcceptanceModel.prepare: the state-free part of one or more steps' responses."""
 
-    drift: np.ndarray  # [..., N] the drift's innovation
+    drift: np.ndarray | None  # [..., N] the drift's innovation (None: drawn apart)
     threshold: np.ndarray  # [..., N, K + 1] position j accepted iff m + z > threshold; the
     # last column is +inf
     conf: np.ndarray  # [..., N, K] a confidence's logit, less gain * (m + z)
 
     def __getitem__(self, t) -> StepDraws:
-        return StepDraws(drift=self.drift[t], threshold=self.threshold[t], conf=self.conf[t])
+        return StepDraws(drift=None if self.drift is None else self.drift[t],
+                         threshold=self.threshold[t], conf=self.conf[t])

@@ -323,8 +323,10 @@ class Engine:
                       and self._in_flight.readback is not None)
             plan = self.planning.plan(batch, scheduler, lag=lag)
             self._plan_ms += 1e3 * (time.perf_counter() - started)
-            readback, conf = runner.decode(plan.verify_rows, plan.draft_depth,
-                                           self.verifier.host_inputs(scheduler.decoding),
+            # A step verifies drafts only if the step before drafted some (the floor: none).
+            extra = self.verifier.host_inputs(scheduler.decoding,
+                                              verifies=plan.verified_depth > 0)
+            readback, conf = runner.decode(plan.verify_rows, plan.draft_depth, extra,
                                            mode=scheduler.sample_mode[scheduler.decoding].max(),
                                            span=plan.verified_depth + 1)
             scheduler.dispatched_decode(plan.draft_depth)

@@ -17,6 +17,8 @@ Axis legend: N slots, K max draft depth, B verify rows.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -44,8 +46,9 @@ class ExactMatch:
     def empty_inputs(self, num_slots: int, max_depth: int):
         return ()
 
-    def host_inputs(self, active: np.ndarray):
-        """Per-step host inputs for the slots marked in `active` [N] bool: none."""
+    def host_inputs(self, active: np.ndarray, verifies: bool = True):
+        """Per-step host inputs for the slots marked in `active` [N] bool: none. verifies:
+        whether the step may verify drafts (False: no slot holds a proposal)."""
         return ()
 
     def admit(self, slots: np.ndarray) -> None:
@@ -178,11 +181,20 @@ class SyntheticAcceptance(ExactMatch):
         self.name = profile
         self.model = AcceptanceModel.calibrated(profile)
         self.max_depth = max_depth
-        self.rng = np.random.default_rng(seed)
+        # Admissions and outcomes draw from one stream, the drift's innovations from another,
+        # so the drift's path is the same whichever steps verify.
+        self.rng, self._drift_rng = (np.random.default_rng(s)
+                                     for s in np.random.SeedSequence(seed).spawn(2))
         self.quality = np.zeros(num_slots)
         self.drift = np.zeros(num_slots)
-        self._draws = None  # StepDraws of a block of steps [_BLOCK, N(, K)]
-        self._at = self._BLOCK  # the next step's index in the block
+        # The drift moves every step: its innovations [_BLOCK, N], drawn a block of steps at
+        # a time. The outcomes' draws (StepDraws [_BLOCK, N, K]) are made a block of verifying
+        # steps at a time: a step that verifies no draft (the floor) reads no outcome, and
+        # drawing them was most of this verifier's host time there (about 45 of 75 us a step
+        # at c = 256), time a real verifier does not spend.
+        self._innovations, self._drift_at = None, self._BLOCK
+        self._draws, self._draws_at = None, self._BLOCK
+        self._nothing = self.empty_inputs(num_slots, max_depth)  # a floor step's inputs
 
     def empty_inputs(self, num_slots: int, max_depth: int):
         return (np.zeros((num_slots,), np.int32), np.zeros((num_slots, max_depth), np.float32))
@@ -193,21 +205,29 @@ class SyntheticAcceptance(ExactMatch):
                                                   len(slots))
             self.drift[slots] = self.model.initial_drift(self.rng, len(slots))
 
-    def host_inputs(self, active: np.ndarray):
-        """(accepted-if-fully-verified [N] i32, fill confidences [N, K] f32) for this step.
+    def host_inputs(self, active: np.ndarray, verifies: bool = True):
+        """(accepted-if-fully-verified [N] i32, fill confidences [N, K] f32) for this step;
+        zeros for a step that verifies no draft (`verifies` False), which reads neither.
 
         Every slot responds (an idle slot's drift runs on; admission redraws it) to draws made
         `_BLOCK` steps at a time: this runs on the host every step, in the loop's time."""
-        if self._at == self._BLOCK:  # drawn, and what does not depend on the state prepared
-            n, k, b = len(self.quality), self.max_depth, self._BLOCK
-            rng = self.rng
-            self._draws = self.model.prepare(rng.standard_normal((b, n)),
-                                             rng.standard_normal((b, n, k)),
+        n, k, b = len(self.quality), self.max_depth, self._BLOCK
+        rng = self.rng
+        if self._drift_at == b:
+            self._innovations = self.model.innovations(self._drift_rng.standard_normal((b, n)))
+            self._drift_at = 0
+        innovation = self._innovations[self._drift_at]  # [N]
+        self._drift_at += 1
+        if not verifies:
+            self.drift = self.model.drifted(self.drift, innovation)
+            return self._nothing
+        if self._draws_at == b:  # drawn, and what does not depend on the state prepared
+            self._draws = self.model.prepare(None, rng.standard_normal((b, n, k)),
                                              rng.random((b, n, k)), rng.standard_normal((b, n, k)))
-            self._at = 0
-        at, self._at = self._at, self._at + 1
-        self.drift, accepted, conf = self.model.respond_drawn(self.quality, self.drift,
-                                                              self._draws[at])
+            self._draws_at = 0
+        draws = dataclasses.replace(self._draws[self._draws_at], drift=innovation)
+        self._draws_at += 1
+        self.drift, accepted, conf = self.model.respond_drawn(self.quality, self.drift, draws)
         accept = np.where(active, accepted, 0).astype(np.int32)
         return accept, np.where(active[:, None], conf, 0.0).astype(np.float32)
 
