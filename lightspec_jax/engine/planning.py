@@ -218,15 +218,14 @@ class PlannerFeedback:
         between steps without prompt work, which a period would hold: neither the step read
         back nor the call may have dispatched a chunk."""
         record = event.record
-        if not (self.refresh_costs and record.num_requests and sample):
-            self._last_read = None
-        else:
+        learns = self.refresh_costs and record.num_requests and sample
+        if learns:
             self.planner.observe_host(num_requests=record.num_requests,
                                       host_ms=host_ms - (prompt_ms or 0.0), drafted=drafted)
-            if prompt_ms is None and not record.prefill_rows:
-                self._observe_period(event)
-            else:
-                self._last_read = None
+        if learns and prompt_ms is None and not record.prefill_rows:
+            self._observe_period(event)
+        else:
+            self._last_read = None
         if record.verify_rows and decode_steps % 1024 == 0:
             self.save()
 
