@@ -220,15 +220,27 @@ class LightSpecPlanner(BasePlanner):
             depth = depth if rival is None else rival
         if not probing and math.isfinite(step_ms):
             self._spent_since_probe += step_ms
-        self._stage2 = None  # priced for this call only
         # A probe or a rival's visit is one step's decision, never reused.
         self._decided = None
         if not (probing or self._probe_depth or rival is not None):
-            self._decided = ((n, d_prev, self.stats.batch_version), self.steps,
-                             (fill, step_ms, tokens, depth))
-            self._grow_horizon(depth)
+            self._decide(n, d_prev, depth, (fill, step_ms, tokens))
+        self._stage2 = None  # priced for this call only
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
                           predicted_ms=step_ms, predicted_tokens=tokens)
+
+    def _decide(self, n: int, d_prev: int, depth: int, now: tuple[int, float, float]) -> None:
+        """Keeps a fresh decision for _reuse. The steps that reuse it verify proposals of the
+        chosen depth, so what they verify is stage 2's answer for that depth (`now`, this
+        step's, when the depth stays): keyed by the verified depth, a decision that changed
+        the depth was never reused by the step after it, and at c = 1, where the depth
+        changes often, over half the steps decided afresh."""
+        answer = now
+        g = self._stage2
+        if depth != d_prev and g is not None:
+            row = int(np.flatnonzero(g.depths == depth)[0])
+            answer = self._pick(g, row, n, g.full[row])
+        self._decided = ((n, depth, self.stats.batch_version), self.steps, (*answer, depth))
+        self._grow_horizon(depth)
 
     def _grow_horizon(self, depth: int) -> None:
         """A fresh decision of `depth`: the floor chosen again doubles how long a decision
@@ -336,9 +348,17 @@ class LightSpecPlanner(BasePlanner):
         if row is None:
             g, row = self._grid(costs, n, np.array([depth]), np.array([available]),
                                 self._room), 0
+        return self._pick(g, row, n, full_rows(n, depth, self._room), full=full)
+
+    @staticmethod
+    def _pick(g: _Grid, row: int, n: int, cap, *, full: bool = False
+              ) -> tuple[int, float, float]:
+        """Stage 1's answer from one priced row of a grid: (u, model step ms, tokens) of the
+        candidate with the lowest calibrated ms per token (the last, the full width, for a
+        probe); cap: the most tokens the proposal can commit."""
         keep = g.valid[row]
         u, step_ms = g.u[row][keep], g.step_ms[row][keep]
-        tokens = np.clip(u * g.progress[row][keep], n, full_rows(n, depth, self._room))
+        tokens = np.clip(u * g.progress[row][keep], n, cap)
         if full:
             i = len(u) - 1
         else:  # chosen at the calibrated price; predicted_ms stays the model's (calibration.py)

@@ -147,9 +147,11 @@ def test_a_batch_a_few_requests_larger_or_smaller_reuses_the_decision():
     assert sum(fresh) <= len(sizes) // 4 + 3
     last = None
     for plan, new in zip(plans, fresh):
-        if new:
+        if new:  # a decision that changed the depth: the next step verifies the new one
+            last = plan if plan.draft_depth == plan.verified_depth else None
+        elif last is None:
             last = plan
-        elif last is not None:  # the same rows and depth; drafts accepted per draft row kept
+        else:  # the same rows and depth; drafts accepted per draft row kept
             assert plan.fill_rows == last.fill_rows and plan.draft_depth == last.draft_depth
             n, n0, rows = plan.num_requests, last.num_requests, plan.fill_rows
             assert plan.predicted_tokens - n == pytest.approx(
@@ -158,3 +160,23 @@ def test_a_batch_a_few_requests_larger_or_smaller_reuses_the_decision():
     before = len(decided)
     p.plan(num_requests=anchor + anchor // 32 + 1)
     assert len(decided) == before + 1
+
+
+def test_a_decision_that_changes_the_depth_is_reused_by_the_next_step():
+    # Acceptance collapses at step 30 and the planner leaves depth 3. The steps after that
+    # fresh decision verify its new depth, so they reuse it: keyed by the depth the decision
+    # verified, the step after any change of depth decided afresh.
+    def accept(i):
+        return 3 if i < 30 else 0
+    p = planner(replan_every=4)
+    run(p, 30, accept)
+    decided = counting(p)
+    plans = run_from(p, 30, 60, accept)
+    change = next(i for i, q in enumerate(plans) if q.draft_depth != 3)
+    steps = [at - 30 for at in decided]
+    assert change in [s - 1 for s in steps]  # plan() counts itself before deciding
+    assert change + 1 not in [s - 1 for s in steps]
+    after = plans[change + 1]
+    assert after.verified_depth == plans[change].draft_depth
+    assert after.fill_rows >= after.num_requests
+    assert np.diff(decided).min() >= 1 and len(decided) <= 30 // 4 + 3
