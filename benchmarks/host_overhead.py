@@ -17,7 +17,12 @@ With `--churn LO HI` requests end instead after LO-HI tokens each (seeded, the s
 policy) and a new one takes each ended one's place, so the batch gains and loses requests
 every step, as a serving batch does; the warm-up is then at least HI steps. A policy
 `NAME:K@REV` plans with the planner package of git revision REV (planner_replay.planner_at),
-to compare a planner change with its predecessor side by side.
+to compare a planner change with its predecessor side by side, and `dynamic:K/dD` drafts D
+after every step (policy_ab.force_depth: what each depth really costs the loop, against the
+planner's free choice):
+
+    python benchmarks/host_overhead.py --concurrency 64 --repeats 6 \
+        --policies none dynamic:7/d0 dynamic:7/d1 dynamic:7/d2 dynamic:7
 
     python benchmarks/host_overhead.py --concurrency 1 64 256 --out host_overhead.json
     python benchmarks/host_overhead.py --concurrency 256 --steps 200 --repeats 4 \
@@ -48,6 +53,7 @@ def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
 
     cfg = Qwen3Config(**SHAPE)
     target = Qwen3(cfg, rngs=nnx.Rngs(0))
+    policy, _, forced = policy.partition("/d")
     policy, _, revision = policy.partition("@")
     name, _, k = policy.partition(":")
     spec, drafter, extra = SpeculativeConfig(), None, {}
@@ -62,16 +68,24 @@ def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
                           max_num_batched_tokens=max(64, concurrency), show_progress=False,
                           **extra, **config)
     if not revision:
-        return Engine(target, config=config, drafter=drafter)
-    import lightspec_jax.engine.planning as planning_module
-    from planner_replay import make_planner_at
+        engine = Engine(target, config=config, drafter=drafter)
+    else:
+        import lightspec_jax.engine.planning as planning_module
+        from planner_replay import make_planner_at
 
-    today = planning_module.make_planner
-    planning_module.make_planner = make_planner_at(revision)
-    try:
-        return Engine(target, config=config, drafter=drafter)
-    finally:
-        planning_module.make_planner = today
+        today = planning_module.make_planner
+        planning_module.make_planner = make_planner_at(revision)
+        try:
+            engine = Engine(target, config=config, drafter=drafter)
+        finally:
+            planning_module.make_planner = today
+    if forced:
+        if name != "dynamic":
+            raise SystemExit(f"{policy}/d{forced}: only a dynamic planner's depth can be forced")
+        from policy_ab import force_depth
+
+        force_depth(engine, int(forced), f"{policy}/d{forced}")
+    return engine
 
 
 def host_ms(engine) -> list[float] | None:

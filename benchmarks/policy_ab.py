@@ -116,19 +116,25 @@ def build(variant: Variant, args, concurrency: int, longest: int):
         planning_module.make_planner = today
         DraftLMDrafter.catches_up = True
     if variant.force_depth is not None:
-        planner, depth = engine.planner, variant.force_depth
-        if depth not in planner.spec.choices:
-            raise SystemExit(f"{variant.label}: force_depth={depth} is not one of the planner's "
-                             f"depths {list(planner.spec.choices)}")
-        decide = planner._next_depth  # still priced: plan() reads stage 2's grid
-
-        def forced(costs, n):
-            decide(costs, n)
-            return depth, 0.0
-
-        planner._next_depth = forced
-        planner.options = dataclasses.replace(planner.options, explore_fraction=0.0)
+        force_depth(engine, variant.force_depth, variant.label)
     return engine
+
+
+def force_depth(engine, depth: int, label: str) -> None:
+    """Makes the engine's dynamic planner draft `depth` after every step, probes off: what
+    the free choice costs against a fixed depth in the same engine (the fill still chooses)."""
+    planner = engine.planner
+    if depth not in planner.spec.choices:
+        raise SystemExit(f"{label}: force_depth={depth} is not one of the planner's "
+                         f"depths {list(planner.spec.choices)}")
+    decide = planner._next_depth  # still priced: plan() reads stage 2's grid
+
+    def forced(costs, n):
+        decide(costs, n)
+        return depth, 0.0
+
+    planner._next_depth = forced
+    planner.options = dataclasses.replace(planner.options, explore_fraction=0.0)
 
 
 def summarize(repeats: list[list], concurrency: int) -> dict:
