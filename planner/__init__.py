@@ -17,8 +17,9 @@ import dataclasses
 from .base import BasePlanner
 from .baselines import DSparkPlanner, StaticPlanner
 from .costs import CostTable
-from .lightspec import LightSpecOptions, LightSpecPlanner
+from .lightspec import LightSpecPlanner
 from .objective import draft_cost_ms
+from .options import LightSpecOptions
 from .stats import AcceptanceStats
 from .types import (DrafterKind, PlannerSpec, StepObservation, StepPlan,
                     geometric_buckets)
