@@ -16,28 +16,36 @@ CASES_PER_ENGINE = {"copy_k3": 60, "copy_k11": 45, "copy_k5_c32": 40, "random_k1
                     "dynamic_k4_admit3": 25}
 
 
-def reference(plain_engine, prompt, params):
-    out, = plain_engine.generate([prompt], params)
-    return out.token_ids, out.finish_reason
+def references(plain_engine, requests):
+    """The plain engine's (tokens, finish reason) for each (prompt, params), served together."""
+    outs = plain_engine.generate([prompt for prompt, _ in requests],
+                                 [params for _, params in requests])
+    return [(out.token_ids, out.finish_reason) for out in outs]
 
 
 def random_scenario(rng, engine, plain_engine):
     slots = engine.config.max_num_seqs
     n = int(rng.integers(1, int(slots * 1.5) + 2))
     vocab = engine.vocab_size
-    requests = []
+    drawn = []
     for i in range(n):
         prompt = rng.integers(2, vocab, size=int(rng.integers(1, 40))).tolist()
         max_tokens = int(rng.integers(1, 30))
-        stops = ()
-        if rng.random() < 0.4:  # stop on a token the target will emit, often mid-span
-            ref, _ = reference(plain_engine, prompt, SamplingParams(max_tokens=max_tokens,
-                                                                   ignore_eos=True))
-            stops = (int(ref[int(rng.integers(0, len(ref)))]),)
-        params = SamplingParams(max_tokens=max_tokens, stop_token_ids=stops,
-                                ignore_eos=bool(rng.random() < 0.5))
-        requests.append((f"r{i}", prompt, params, int(rng.integers(0, 12))))  # arrival step
-    return requests
+        # Stop on a token the target will emit, often mid-span: the stop is the token at
+        # `stop_at` of its ignore_eos output, which has exactly max_tokens tokens.
+        stop_at = int(rng.integers(0, max_tokens)) if rng.random() < 0.4 else None
+        ignore_eos = bool(rng.random() < 0.5)
+        drawn.append((f"r{i}", prompt, max_tokens, stop_at, ignore_eos,
+                      int(rng.integers(0, 12))))  # arrival step
+    stopping = [d for d in drawn if d[3] is not None]
+    full = references(plain_engine, [(d[1], SamplingParams(max_tokens=d[2], ignore_eos=True))
+                                     for d in stopping])
+    stop_token = {d[0]: int(tokens[d[3]]) for d, (tokens, _) in zip(stopping, full)}
+    return [(rid, prompt, SamplingParams(max_tokens=max_tokens,
+                                         stop_token_ids=((stop_token[rid],) if rid in stop_token
+                                                         else ()),
+                                         ignore_eos=ignore_eos), arrive)
+            for rid, prompt, max_tokens, _, ignore_eos, arrive in drawn]
 
 
 def serve(engine, requests):
@@ -66,8 +74,8 @@ def check_random_scenarios(engine, plain_engine, cases, name):
     for case in range(cases):
         requests = random_scenario(rng, engine, plain_engine)
         outputs = serve(engine, requests)
-        for rid, prompt, params, _ in requests:
-            want, reason = reference(plain_engine, prompt, params)
+        wants = references(plain_engine, [(prompt, params) for _, prompt, params, _ in requests])
+        for (rid, *_), (want, reason) in zip(requests, wants):
             got = outputs[rid]
             assert got.token_ids == want, f"{name} case {case} request {rid}"
             assert got.finish_reason == reason, f"{name} case {case} request {rid}"

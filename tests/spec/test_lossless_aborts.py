@@ -84,8 +84,8 @@ def check_churn(engine, reference_engine, rng, *, cases: int, sampled: bool, lab
         requests = scenario(rng, engine, sampled)
         outputs = serve(engine, requests)
         assert set(outputs) == {r[0] for r in requests}, f"case {case}: lost requests"
-        for rid, prompt, params, _, _ in requests:
-            want, = reference_engine.generate([prompt], params)
+        wants = reference_engine.generate([r[1] for r in requests], [r[2] for r in requests])
+        for (rid, *_), want in zip(requests, wants):
             got = outputs[rid]
             if got.finish_reason == "abort":
                 assert got.token_ids == want.token_ids[:len(got.token_ids)], (case, rid)
