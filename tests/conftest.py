@@ -10,7 +10,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite compiles hundreds of tiny engines, and on the CPU compiling is most of its time:
 # with LLVM at optimization level 1 (XLA's default is 2) the files tried compiled and ran 6-11%
 # faster (BENCHMARKS.md, "The test suite's time"), and XLA:CPU's older loop emitters (its MLIR
-# fusion emitters off) compile an engine's steps about a quarter faster (BENCHMARKS.md,
+# fusion emitters off) compile an engine's steps in about 0.7x the time (BENCHMARKS.md,
 # "Thirty-second session"). Every comparison the tests make is between programs compiled
 # alike, in one process or in child processes, which inherit the flags.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
