@@ -56,6 +56,8 @@ def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
     policy, _, forced = policy.partition("/d")
     policy, _, revision = policy.partition("@")
     name, _, k = policy.partition(":")
+    if forced and name != "dynamic":  # before minutes of compiling, not after
+        raise SystemExit(f"{policy}/d{forced}: only a dynamic planner's depth can be forced")
     spec, drafter, extra = SpeculativeConfig(), None, {}
     if name != "none":
         depth = int(k)
@@ -80,8 +82,6 @@ def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
         finally:
             planning_module.make_planner = today
     if forced:
-        if name != "dynamic":
-            raise SystemExit(f"{policy}/d{forced}: only a dynamic planner's depth can be forced")
         from policy_ab import force_depth
 
         force_depth(engine, int(forced), f"{policy}/d{forced}")
