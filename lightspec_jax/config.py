@@ -145,6 +145,14 @@ class EngineConfig:
     # start-up, "all" the filtering ones too (up to three times the compile work, no stall
     # while serving). Serving sampled requests from the start, set it.
     precompile_sampling: str = "none"
+    # Compile every device step the first time a batch needs it instead of at start-up (what
+    # precompile_sampling does for the sampling variants): the engine starts in seconds, and
+    # each bucket's first step stalls for its compile (from the compilation cache, quickly).
+    # For short jobs, notebooks and tests that touch few of the buckets; a server wants the
+    # default. A dynamic policy's start-up sweep still compiles every decode bucket it times
+    # (none with a cost table given or cached). Serving-time compiles stay counted apart, so
+    # forbid_recompile still catches anything compiled outside the engine's own steps.
+    compile_on_first_use: bool = False
     # Batch-invariant mode: every row of the target's forward is computed in a fixed order,
     # BATCH_INVARIANT_ROW_TILE rows at a time (models/layers.over_row_tiles), so a row's logits
     # do not depend on the batch, its place in it, the verify width or the cache length. Then
@@ -183,6 +191,9 @@ class EngineConfig:
         if self.precompile_sampling not in ("none", "temperature", "all"):
             raise ValueError(f"precompile_sampling must be 'none', 'temperature' or 'all', got "
                              f"{self.precompile_sampling!r}")
+        if not isinstance(self.compile_on_first_use, bool):
+            raise ValueError(f"compile_on_first_use must be a bool, got "
+                             f"{self.compile_on_first_use!r}")
         if not isinstance(self.batch_invariant, bool):
             raise ValueError(f"batch_invariant must be a bool, got {self.batch_invariant!r}")
         if self.synthetic_acceptance not in (None, "chat", "code", "math"):

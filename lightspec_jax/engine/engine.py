@@ -108,6 +108,7 @@ class Engine:
                                   draft_depths=depths, verifier=verifier,
                                   show_progress=config.show_progress, layout=layout,
                                   precompile_sampling=config.precompile_sampling,
+                                  compile_on_first_use=config.compile_on_first_use,
                                   row_tile=(BATCH_INVARIANT_ROW_TILE if config.batch_invariant
                                             else None),
                                   # the floor (depth 0) is a dynamic planner's choice alone
@@ -128,10 +129,11 @@ class Engine:
             auto = " (dtype='auto')" if config.dtype == "auto" else ""
             where = (jax.default_backend() if self.mesh is None else
                      f"a {dict(self.mesh.shape)} {jax.default_backend()} mesh")
-            print(f"lightspec_jax: {model.dtype}{auto} on {where}; compiled "
-                  f"{len(prefill_buckets)} prefill buckets {list(prefill_buckets)} and "
-                  f"{len(decode_buckets)} decode buckets {list(decode_buckets)} in "
-                  f"{self.compile_seconds:.1f} s")
+            buckets = (f"{len(prefill_buckets)} prefill buckets {list(prefill_buckets)} and "
+                       f"{len(decode_buckets)} decode buckets {list(decode_buckets)}")
+            print(f"lightspec_jax: {model.dtype}{auto} on {where}; "
+                  + (f"{buckets} compile on first use" if config.compile_on_first_use else
+                     f"compiled {buckets} in {self.compile_seconds:.1f} s"))
         self.planning = StepPlanning(config, model, self.runner, drafter, depths=depths,
                                      lockstep=lockstep)
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step

@@ -59,11 +59,12 @@ class ModelRunner:
                  decode_buckets: tuple[int, ...], draft_depths: tuple[int, ...] = (),
                  verifier=None, show_progress: bool = True, layout: MeshLayout | None = None,
                  precompile_sampling: str = "none", row_tile: int | None = None,
-                 defer_commit: bool = False):
+                 defer_commit: bool = False, compile_on_first_use: bool = False):
         """layout: the shardings over a device mesh (engine/sharding.py); None: one device,
         and none of the code below places or constrains anything. precompile_sampling: which
         sampled variants of the prefill and decode steps compile now rather than on first use
-        (EngineConfig.precompile_sampling). row_tile: the target's rows per tile in the
+        (EngineConfig.precompile_sampling); compile_on_first_use: none, every step compiles
+        when first called (EngineConfig.compile_on_first_use). row_tile: the target's rows per tile in the
         batch-invariant mode (EngineConfig.batch_invariant); None: untiled. defer_commit: a
         step of at most one row per slot that drafts nothing (the planner's floor) leaves a
         drafter that catches up behind, and it catches up before the next step that commits
@@ -213,7 +214,7 @@ class ModelRunner:
         eager = {"none": SampleMode.GREEDY, "temperature": SampleMode.DRAW,
                  "all": SampleMode.FILTER}[precompile_sampling]
         for mode in SampleMode:  # greedy now, the others now or when first needed (lazy)
-            lazy = mode > eager
+            lazy = compile_on_first_use or mode > eager
             for t in self.prefill_registry.sizes:
                 self.prefill_registry.define(
                     (t, mode), prefill_fn(mode), t_abs, d_abs, cache_abs, dcache_abs, state_abs,
@@ -229,14 +230,15 @@ class ModelRunner:
         for d in self.draft_registry.sizes:
             self.draft_registry.define(d, draft_fn(d), spec(self._embed), d_abs, dcache_abs,
                                        state_abs,
-                                       lazy=d not in draft_depths,
+                                       lazy=compile_on_first_use or d not in draft_depths,
                                        **jit_kwargs("draft", donate_argnames=("dcache", "state")))
         for w in self.catch_up_registry.sizes:
             self.catch_up_registry.define(w, catch_up_fn(w), d_abs, dcache_abs, state_abs,
+                                          lazy=compile_on_first_use,
                                           **jit_kwargs("catch_up", donate_argnames=("dcache",)))
         for u in self.write_registry.sizes:
             self.write_registry.define(u, write_slots, state_abs,
-                                       spec(SlotRows.empty(u, n)),
+                                       spec(SlotRows.empty(u, n)), lazy=compile_on_first_use,
                                        **jit_kwargs("write", donate_argnames=("state",)))
         registries = (self.prefill_registry, self.decode_registry, self.draft_registry,
                       self.write_registry, self.catch_up_registry)

@@ -82,3 +82,32 @@ def test_precompiled_sampling_variants_serve_without_a_first_use_compile(hf_chec
     assert outputs["all"] == outputs["none"]  # the same executables, compiled earlier
     with pytest.raises(ValueError, match="precompile_sampling"):
         EngineConfig(precompile_sampling=True)
+
+
+def test_compile_on_first_use_starts_with_nothing_compiled(engine):
+    """compile_on_first_use=True: the engine compiles no step at start-up; each compiles the
+    first time a batch needs it (declared, so forbid_recompile lets it through), buckets no
+    batch needs never compile, and the tokens are the start-up-compiled engine's."""
+    import dataclasses
+
+    from lightspec_jax import Engine, EngineConfig
+    from lightspec_jax.engine.buckets import lazy_compile_events
+
+    lazy = Engine(engine.model, config=dataclasses.replace(engine.config,
+                                                           compile_on_first_use=True))
+    runner = lazy.runner
+    registries = (runner.prefill_registry, runner.decode_registry, runner.write_registry)
+    assert not any(r.compiled for r in registries)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    params = [SamplingParams(max_tokens=8, ignore_eos=True),
+              SamplingParams(max_tokens=5, temperature=0.9, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=7, ignore_eos=True)]
+    before = lazy_compile_events()
+    got = [o.token_ids for o in lazy.generate(prompts, params)]
+    assert lazy_compile_events() > before
+    assert got == [o.token_ids for o in engine.generate(prompts, params)]
+    largest = max(runner.prefill_registry.sizes)  # 12 prompt rows never fill it
+    assert all(key[0] != largest for key in runner.prefill_registry.compiled)
+    assert all(r.compiled for r in registries)
+    with pytest.raises(ValueError, match="compile_on_first_use"):
+        EngineConfig(compile_on_first_use="yes")
