@@ -11,8 +11,12 @@ from flax import nnx
 from lightspec_jax.drafters import DraftLMDrafter, Eagle3Drafter
 from lightspec_jax.models import Eagle3, Eagle3Config, Qwen3, Qwen3Config
 
+# Engines compile each step on first use: a test touches some of an engine's buckets only,
+# and with this the suite's workers compiled 677 programs instead of 784, 564 s instead of
+# 645 (BENCHMARKS.md, "Thirty-third session"). Compiling at start-up, the default, stays
+# covered by tests/engine/test_no_recompile.py and the multi-device check.
 BASE = dict(dtype="float32", max_model_len=80, max_num_batched_tokens=32,
-            compilation_cache_dir=None, show_progress=False)
+            compilation_cache_dir=None, show_progress=False, compile_on_first_use=True)
 
 # name -> (slots N, depth K, verify buckets, drafter kind, corrupt rate[, policy]); every engine overlaps
 # dispatch and reads except those in NO_OVERLAP (both paths must be lossless).

@@ -26,7 +26,8 @@ from test_lossless import serve
 CFG = Qwen3Config(vocab_size=384, hidden_size=256, intermediate_size=768, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=64)
 BASE = dict(dtype="bfloat16", max_model_len=96, max_num_batched_tokens=16,
-            compilation_cache_dir=None, show_progress=False, batch_invariant=True)
+            compilation_cache_dir=None, show_progress=False, batch_invariant=True,
+            compile_on_first_use=True)
 # name -> (slots, policy, K, verify buckets). The dynamic engine has the static one's shapes,
 # so their verify, prefill and depth-3 draft steps are the same programs (compiled once, the
 # second from the persistent cache); it verifies any width the planner picks up to 16.
