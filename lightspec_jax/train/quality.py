@@ -44,6 +44,8 @@ def evaluate_pair(target_dir: str, drafter_dir: str, *, num_prompts: int = 20,
     engine = Engine.from_pretrained(target_dir, drafter_dir, config=EngineConfig(
         max_num_seqs=num_prompts, max_model_len=max_model_len, dtype="float32",
         max_num_batched_tokens=max(256, num_prompts), show_progress=progress,
+        # one batch per workload, untimed: the buckets it never reaches need no compile
+        compile_on_first_use=True,
         speculative=SpeculativeConfig(policy="static", num_speculative_tokens=k)))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     results = {}
