@@ -146,8 +146,9 @@ class EngineConfig:
     # while serving). Serving sampled requests from the start, set it.
     precompile_sampling: str = "none"
     # Compile every device step the first time a batch needs it instead of at start-up (what
-    # precompile_sampling does for the sampling variants): the engine starts in seconds, and
-    # each bucket's first step stalls for its compile (from the compilation cache, quickly).
+    # precompile_sampling does for the sampling variants): the engine starts without
+    # compiling, and each bucket's first step stalls for its compile (from the compilation
+    # cache, briefly).
     # For short jobs, notebooks and tests that touch few of the buckets; a server wants the
     # default. A dynamic policy's start-up sweep still compiles every decode bucket it times
     # (none with a cost table given or cached). Serving-time compiles stay counted apart, so

@@ -64,11 +64,11 @@ class ModelRunner:
         and none of the code below places or constrains anything. precompile_sampling: which
         sampled variants of the prefill and decode steps compile now rather than on first use
         (EngineConfig.precompile_sampling); compile_on_first_use: none, every step compiles
-        when first called (EngineConfig.compile_on_first_use). row_tile: the target's rows per tile in the
-        batch-invariant mode (EngineConfig.batch_invariant); None: untiled. defer_commit: a
-        step of at most one row per slot that drafts nothing (the planner's floor) leaves a
-        drafter that catches up behind, and it catches up before the next step that commits
-        (drafters/base.py), so the floor costs a plain step."""
+        when first called (EngineConfig.compile_on_first_use). row_tile: the target's rows
+        per tile in the batch-invariant mode (EngineConfig.batch_invariant); None: untiled.
+        defer_commit: a step of at most one row per slot that drafts nothing (the planner's
+        floor) leaves a drafter that catches up behind, and it catches up before the next
+        step that commits (drafters/base.py), so the floor costs a plain step."""
         self.num_slots = n = num_slots
         self.max_depth = k = max(max_depth, 1)  # plain decoding keeps a 1-wide empty proposal
         self.cache_len = cache_len

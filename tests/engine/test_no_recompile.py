@@ -106,7 +106,7 @@ def test_compile_on_first_use_starts_with_nothing_compiled(engine):
     got = [o.token_ids for o in lazy.generate(prompts, params)]
     assert lazy_compile_events() > before
     assert got == [o.token_ids for o in engine.generate(prompts, params)]
-    largest = max(runner.prefill_registry.sizes)  # 12 prompt rows never fill it
+    largest = max(runner.prefill_registry.sizes)  # 9 prompt rows never need it
     assert all(key[0] != largest for key in runner.prefill_registry.compiled)
     assert all(r.compiled for r in registries)
     with pytest.raises(ValueError, match="compile_on_first_use"):
