@@ -156,6 +156,11 @@ class BucketRegistry:
         if lazy:
             self._lazy.add(key)
 
+    def defer_all(self) -> None:
+        """Every key defined so far compiles at its first call
+        (EngineConfig.compile_on_first_use)."""
+        self._lazy.update(self._recipes)
+
     @property
     def pending(self) -> list[Hashable]:
         """Defined keys to compile at start-up (not lazy, not compiled yet)."""

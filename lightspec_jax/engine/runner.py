@@ -214,7 +214,7 @@ class ModelRunner:
         eager = {"none": SampleMode.GREEDY, "temperature": SampleMode.DRAW,
                  "all": SampleMode.FILTER}[precompile_sampling]
         for mode in SampleMode:  # greedy now, the others now or when first needed (lazy)
-            lazy = compile_on_first_use or mode > eager
+            lazy = mode > eager
             for t in self.prefill_registry.sizes:
                 self.prefill_registry.define(
                     (t, mode), prefill_fn(mode), t_abs, d_abs, cache_abs, dcache_abs, state_abs,
@@ -230,18 +230,20 @@ class ModelRunner:
         for d in self.draft_registry.sizes:
             self.draft_registry.define(d, draft_fn(d), spec(self._embed), d_abs, dcache_abs,
                                        state_abs,
-                                       lazy=compile_on_first_use or d not in draft_depths,
+                                       lazy=d not in draft_depths,
                                        **jit_kwargs("draft", donate_argnames=("dcache", "state")))
         for w in self.catch_up_registry.sizes:
             self.catch_up_registry.define(w, catch_up_fn(w), d_abs, dcache_abs, state_abs,
-                                          lazy=compile_on_first_use,
                                           **jit_kwargs("catch_up", donate_argnames=("dcache",)))
         for u in self.write_registry.sizes:
             self.write_registry.define(u, write_slots, state_abs,
-                                       spec(SlotRows.empty(u, n)), lazy=compile_on_first_use,
+                                       spec(SlotRows.empty(u, n)),
                                        **jit_kwargs("write", donate_argnames=("state",)))
         registries = (self.prefill_registry, self.decode_registry, self.draft_registry,
                       self.write_registry, self.catch_up_registry)
+        if compile_on_first_use:
+            for registry in registries:
+                registry.defer_all()
         work = [(r, key) for r in registries for key in r.pending]
         for registry, key in tqdm(work, desc="compiling device steps",
                                   disable=not show_progress, leave=False):
