@@ -2,13 +2,15 @@
 and the verify-batch attention the models call once per layer.
 
 Each op runs its Triton-route Pallas kernel on a GPU and its plain-jnp ``<op>_reference``
-elsewhere; ``impl="pallas"|"reference"`` and ``interpret=True`` override that, and the
+elsewhere; ``impl="pallas"|"mosaic"|"reference"`` and ``interpret=True`` override that, and the
 ``REFERENCE_OPS_ENV`` variable (LIGHTSPEC_REFERENCE_OPS) sends the named ``OPS`` to their
-reference on a GPU too. ``use_pallas`` says which route an op takes. Code outside this package
-imports only from here, never from its private modules.
+reference on a GPU too. The ``MOSAIC_OPS`` (verify_attention) also have a Mosaic GPU kernel,
+which ``MOSAIC_OPS_ENV`` (LIGHTSPEC_MOSAIC_OPS) selects on a GPU. ``use_pallas`` says whether
+an op runs a kernel. Code outside this package imports only from here, never from its private
+modules.
 """
 
-from ._backend import OPS, REFERENCE_OPS_ENV, Impl, use_pallas
+from ._backend import MOSAIC_OPS, MOSAIC_OPS_ENV, OPS, REFERENCE_OPS_ENV, Impl, use_pallas
 from .commit import CommitResult, commit, commit_reference
 from .fill import FillResult, fill, fill_reference
 from .verify import verify, verify_reference
@@ -16,6 +18,8 @@ from .verify_attention import CACHE_LEN_MULTIPLE, verify_attention, verify_atten
 
 __all__ = [
     "CACHE_LEN_MULTIPLE",
+    "MOSAIC_OPS",
+    "MOSAIC_OPS_ENV",
     "OPS",
     "REFERENCE_OPS_ENV",
     "CommitResult",

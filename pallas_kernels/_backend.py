@@ -18,27 +18,45 @@ from typing import Literal
 import jax
 from jax.experimental.pallas import triton as pl_triton
 
-Impl = Literal["pallas", "reference"] | None
+# "pallas": the op's Triton-route Pallas kernel; "mosaic": its Mosaic GPU kernel (only the ops
+# in MOSAIC_OPS have one); "reference": its plain-jnp reference; None: chosen by backend and
+# environment (use_pallas, use_mosaic).
+Impl = Literal["pallas", "mosaic", "reference"] | None
 
-_IMPLS = ("pallas", "reference", None)
+_IMPLS = ("pallas", "mosaic", "reference", None)
 
 # The ops with a Pallas kernel, by the name LIGHTSPEC_REFERENCE_OPS uses.
 OPS = ("fill", "verify", "commit", "verify_attention")
 # Comma-separated op names (or "all") whose jnp reference runs even on a GPU: the escape hatch
 # when a kernel misbehaves on some GPU/jax combination (the device check uses it as fallback).
 REFERENCE_OPS_ENV = "LIGHTSPEC_REFERENCE_OPS"
+# The ops with a second GPU kernel written for Mosaic GPU, jax's Pallas backend on Hopper.
+MOSAIC_OPS = ("verify_attention",)
+# Comma-separated op names (or "all") that take their Mosaic GPU kernel on a GPU instead of the
+# Triton one, where it supports the shapes and dtype (it falls back to Triton elsewhere). Off by
+# default until an H200 measures it faster (BENCHMARKS.md).
+MOSAIC_OPS_ENV = "LIGHTSPEC_MOSAIC_OPS"
+
+
+def _named_ops(env: str, known: tuple[str, ...]) -> frozenset[str]:
+    names = {n.strip() for n in os.environ.get(env, "").split(",") if n.strip()}
+    if "all" in names:
+        return frozenset(known)
+    unknown = names - set(known)
+    if unknown:
+        raise ValueError(f"{env} names unknown ops {sorted(unknown)}; "
+                         f"known: {', '.join(known)} or all")
+    return frozenset(names)
 
 
 def reference_ops() -> frozenset[str]:
     """The ops LIGHTSPEC_REFERENCE_OPS forces onto their reference (read at trace time)."""
-    names = {n.strip() for n in os.environ.get(REFERENCE_OPS_ENV, "").split(",") if n.strip()}
-    if "all" in names:
-        return frozenset(OPS)
-    unknown = names - set(OPS)
-    if unknown:
-        raise ValueError(f"{REFERENCE_OPS_ENV} names unknown ops {sorted(unknown)}; "
-                         f"known: {', '.join(OPS)} or all")
-    return frozenset(names)
+    return _named_ops(REFERENCE_OPS_ENV, OPS)
+
+
+def mosaic_ops() -> frozenset[str]:
+    """The ops LIGHTSPEC_MOSAIC_OPS sends to their Mosaic GPU kernel (read at trace time)."""
+    return _named_ops(MOSAIC_OPS_ENV, MOSAIC_OPS)
 
 # The verify width K+1 is at most 16 (LightSpec's MTP limit); every op pads it to exactly this.
 MAX_WIDTH = 16
@@ -53,11 +71,20 @@ def use_pallas(impl: Impl = None, *, interpret: bool = False, op: str | None = N
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl == "mosaic" and op is not None and op not in MOSAIC_OPS:
+        raise ValueError(f"{op} has no Mosaic GPU kernel (ops that do: {', '.join(MOSAIC_OPS)})")
     if impl is not None:
-        return impl == "pallas"
+        return impl != "reference"
     if op is not None and op in reference_ops():
         return False
     return interpret or jax.default_backend() == "gpu"
+
+
+def use_mosaic(impl: Impl, *, op: str) -> bool:
+    """For an op that runs a kernel (use_pallas is True): its Mosaic GPU kernel (True) or its
+    Triton one. ``impl="mosaic"`` asks for it; ``impl=None`` takes it where LIGHTSPEC_MOSAIC_OPS
+    names ``op``."""
+    return impl == "mosaic" or (impl is None and op in mosaic_ops())
 
 
 def pow2_at_least(n: int, minimum: int = MAX_WIDTH) -> int:

@@ -6,8 +6,10 @@ each other causally. One op therefore serves prefill chunks, plain decode and sp
 verification alike; the models call it once per layer. Padding rows (row_slot = N, out of
 range, whose KV writes the caller drops) give unspecified finite values that callers ignore.
 
-On a GPU the op runs the Pallas kernel below; elsewhere ``verify_attention_reference``, a
-blockwise jnp online softmax that the CPU engine runs, so it too reads only the live context.
+On a GPU the op runs the Pallas kernel below (the Triton route), or its Mosaic GPU twin in
+verify_attention_mosaic.py where LIGHTSPEC_MOSAIC_OPS asks for it; elsewhere
+``verify_attention_reference``, a blockwise jnp online softmax that the CPU engine runs, so it
+too reads only the live context.
 
 The GPU kernel is laid out for the verify batch: rows are ordered by (slot, offset), so each
 request's rows are contiguous. The wrapper cuts them into *chunks*, runs of at most R rows of
@@ -34,7 +36,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from ._backend import VERIFY_ATTENTION_TUNING, AttentionTuning, Impl, pow2_at_least, use_pallas
+from . import verify_attention_mosaic as mosaic
+from ._backend import (
+    VERIFY_ATTENTION_TUNING,
+    AttentionTuning,
+    Impl,
+    pow2_at_least,
+    use_mosaic,
+    use_pallas,
+)
+from ._row_chunks import chunk_rows, query_tiles, rows_from_tiles
 
 # Finite, so a fully masked row never produces inf - inf = NaN inside the online softmax.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -147,30 +158,6 @@ def verify_attention_reference(q, k_cache, v_cache, row_slot, row_pos, *, layer=
     return out.reshape(num_rows, num_q, head_dim).astype(q.dtype)
 
 
-def _chunk_table(row_slot, row_pos, *, num_slots: int, max_len: int, rows_per_chunk: int,
-                 num_chunks: int):
-    """Cut the rows into runs of one slot, at most R rows each: i32[C] start, rows, slot, max pos.
-
-    Unused chunks have rows = 0 (their program does nothing) and start = T, which the padded
-    query/output arrays keep in bounds.
-    """
-    t = row_slot.shape[0]
-    row = jnp.arange(t, dtype=jnp.int32)  # [T]
-    valid = (row_slot >= 0) & (row_slot < num_slots)
-    prev = jnp.concatenate([jnp.full((1,), -1, jnp.int32), row_slot[:-1]])
-    run_start = lax.cummax(jnp.where(row_slot != prev, row, 0))  # [T] first row of the run
-    opens = valid & ((row - run_start) % rows_per_chunk == 0)  # [T] row opens a chunk
-    chunk = jnp.where(valid, jnp.cumsum(opens) - 1, num_chunks)  # [T]; C = dropped
-    start = jnp.full((num_chunks,), t, jnp.int32).at[jnp.where(opens, chunk, num_chunks)].set(
-        row, mode="drop")
-    rows = jnp.zeros((num_chunks,), jnp.int32).at[chunk].add(1, mode="drop")
-    slot = jnp.zeros((num_chunks,), jnp.int32).at[chunk].set(row_slot, mode="drop")
-    # Positions past the strip are clipped like the XLA path's gathers, never read beyond S.
-    pos = jnp.clip(row_pos, 0, max_len - 1).astype(jnp.int32)
-    max_pos = jnp.zeros((num_chunks,), jnp.int32).at[chunk].max(pos, mode="drop")
-    return start, rows, slot, max_pos
-
-
 def _verify_attention_kernel(
     start_ref,  # i32[C] first row of each chunk
     rows_ref,  # i32[C] rows in the chunk (0: unused)
@@ -265,6 +252,9 @@ def verify_attention(
       row_pos: i32[T] each row's position; it sees cache positions 0 .. row_pos.
       impl, interpret: see ``use_pallas``; by default the kernel on a GPU (unless
         LIGHTSPEC_REFERENCE_OPS names verify_attention), ``verify_attention_reference`` elsewhere.
+        The GPU kernel is the Triton one, or the Mosaic GPU one (verify_attention_mosaic.py)
+        for ``impl="mosaic"`` (an error for arguments it does not take), or where
+        LIGHTSPEC_MOSAIC_OPS names verify_attention and it takes the arguments.
 
     Scores are scaled by D^-0.5; scores, softmax and accumulation are fp32; GQA maps query head j
     to KV head j // (Q/G). Precondition for the kernel: each slot's rows are contiguous (the
@@ -277,6 +267,10 @@ def verify_attention(
 
     if layer is None:
         k_cache, v_cache, layer = k_cache[None], v_cache[None], 0  # [1, N, S, G, D], free
+    if use_mosaic(impl, op="verify_attention") and (
+            impl == "mosaic" or mosaic.unsupported(q.shape, q.dtype, k_cache.shape) is None):
+        return mosaic.verify_attention_mosaic(q, k_cache, v_cache, row_slot, row_pos,
+                                              layer=layer, interpret=interpret)
     t, num_q, d = q.shape
     _, n, s, g, _ = k_cache.shape
     if d & (d - 1) or d < _MIN_DOT:
@@ -284,33 +278,19 @@ def verify_attention(
     block_kv = min(tuning.block_kv, s & -s)  # a power of two dividing S: no tail block
     if block_kv < _MIN_DOT:
         raise ValueError(f"cache length S = {s} must be a multiple of {CACHE_LEN_MULTIPLE}")
-    group = num_q // g
-    heads_pad = pow2_at_least(group, 1)
+    heads_pad = pow2_at_least(num_q // g, 1)
     r = rows_per_chunk(t, n, heads_pad, tuning)
-    num_chunks = min(t, n + -(-t // r))  # N runs of one slot, split every R rows
-    start, rows, slot, max_pos = _chunk_table(
-        row_slot, row_pos, num_slots=n, max_len=s, rows_per_chunk=r, num_chunks=num_chunks)
-
-    # [T, Q, D] -> [G, (T+R)*Qp, D]: the query heads of one KV head, row-major over (row, head),
-    # so a chunk's queries are one contiguous [M, D] tile. R spare rows keep the last tile (and
-    # unused chunks, start = T) in bounds.
-    qg = q.reshape(t, g, group, d)
-    qg = jnp.pad(qg, ((0, r), (0, 0), (0, heads_pad - group), (0, 0)))  # [T+R, G, Qp, D]
-    q_tiles = qg.transpose(1, 0, 2, 3).reshape(g, (t + r) * heads_pad, d)
-    pos_tiles = jnp.repeat(jnp.pad(row_pos, (0, r)), heads_pad)  # [(T+R)*Qp]
-
+    chunks = chunk_rows(row_slot, row_pos, num_slots=n, max_len=s, rows_per_chunk=r)
+    q_tiles, pos_tiles = query_tiles(q, row_pos, num_kv_heads=g, heads_pad=heads_pad,
+                                     rows_per_chunk=r)
     out = pl.pallas_call(
         functools.partial(_verify_attention_kernel, heads_pad=heads_pad, block_q=r * heads_pad,
                           block_kv=block_kv, scale=d**-0.5),
-        grid=(num_chunks, g),
+        grid=(chunks.start.shape[0], g),
         out_shape=jax.ShapeDtypeStruct(q_tiles.shape, q.dtype),
         compiler_params=tuning.compiler_params(),
         interpret=interpret,
         name="lightspec_verify_attention",
-    )(start, rows, slot, max_pos, jnp.asarray(layer, jnp.int32).reshape(1), pos_tiles, q_tiles,
-      k_cache, v_cache)
-    out = out.reshape(g, t + r, heads_pad, d)[:, :t, :group]  # [G, T, Q/G, D]
-    out = out.transpose(1, 0, 2, 3).reshape(t, num_q, d)
-    # Rows no chunk covers (padding) were never written.
-    valid = (row_slot >= 0) & (row_slot < n)
-    return jnp.where(valid[:, None, None], out, 0).astype(q.dtype)
+    )(*chunks, jnp.asarray(layer, jnp.int32).reshape(1), pos_tiles, q_tiles, k_cache, v_cache)
+    return rows_from_tiles(out, row_slot, num_q=num_q, num_slots=n, heads_pad=heads_pad,
+                           rows_per_chunk=r, dtype=q.dtype)

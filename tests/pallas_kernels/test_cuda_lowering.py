@@ -27,6 +27,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
+MOSAIC_CALLS = ("mosaic_gpu", "mosaic_gpu_v2")  # the Mosaic GPU custom call, by jax version
 N, K, S = 256, 11, 8
 ROW_BUCKETS = (N, 1024, N * (K + 1))  # 256 .. 3072
 
@@ -46,15 +47,20 @@ def h200_mesh():
     return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
 
 
-def lower_for_cuda(fn, *arg_specs) -> str:
+def lower_for_cuda(fn, *arg_specs, route: str = "triton") -> str:
+    """The exported module's text; asserts that every kernel took ``route`` (triton|mosaic)."""
+    calls = (TRITON_CALL,) + MOSAIC_CALLS
     with jax.sharding.use_abstract_mesh(h200_mesh()):
         exported = export.export(
             jax.jit(fn),
             platforms=("cuda",),
-            disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(c) for c in calls],
         )(*arg_specs)
     text = exported.mlir_module()
-    assert "mosaic_gpu" not in text, "a kernel took the Mosaic GPU route instead of Triton"
+    if route == "triton":
+        assert "mosaic_gpu" not in text, "a kernel took the Mosaic GPU route instead of Triton"
+    else:
+        assert "mosaic_gpu" in text and TRITON_CALL not in text, "expected the Mosaic GPU route"
     return text
 
 
@@ -131,3 +137,27 @@ def test_verify_attention_lowers_to_triton(num_rows, with_layer):
         fn = functools.partial(verify_attention, impl="pallas")
     text = lower_for_cuda(fn, *args)
     assert text.count(TRITON_CALL) == 1 and "lightspec_verify_attention" in text
+
+
+@pytest.mark.parametrize("num_rows", ROW_BUCKETS)
+def test_verify_attention_lowers_to_mosaic_gpu(num_rows):
+    """The Mosaic GPU kernel at Qwen3-14B's shapes (the layer picked inside, as the models call
+    it): every Mosaic GPU lowering rule, layouts and WGMMA operand checks included."""
+    cache_shape = (ATTN_L, N, ATTN_S, ATTN_G, ATTN_D)
+    fn = lambda q, k, v, s, p, layer: verify_attention(  # noqa: E731
+        q, k, v, s, p, layer=layer, impl="mosaic")
+    text = lower_for_cuda(
+        fn, spec((num_rows, ATTN_Q, ATTN_D), jnp.bfloat16), spec(cache_shape, jnp.bfloat16),
+        spec(cache_shape, jnp.bfloat16), spec((num_rows,)), spec((num_rows,)), spec(()),
+        route="mosaic")
+    assert text.count("mosaic_gpu") >= 1
+
+
+def test_verify_attention_mosaic_lowers_for_qwen3_0_6b():
+    """Qwen3-0.6B: 16 query heads over 8 KV heads (Q/G = 2: 32 rows per program)."""
+    cache_shape = (28, N, 1024, 8, 128)
+    fn = lambda q, k, v, s, p, layer: verify_attention(  # noqa: E731
+        q, k, v, s, p, layer=layer, impl="mosaic")
+    lower_for_cuda(fn, spec((1024, 16, 128), jnp.bfloat16), spec(cache_shape, jnp.bfloat16),
+                   spec(cache_shape, jnp.bfloat16), spec((1024,)), spec((1024,)), spec(()),
+                   route="mosaic")

@@ -169,3 +169,89 @@ def test_shape_errors_name_the_shapes():
     assert verify_attention(q, odd, odd, *rows, impl="reference").shape == q.shape
     with pytest.raises(ValueError, match=f"S = 24 must be a multiple of {CACHE_LEN_MULTIPLE}"):
         verify_attention(q, odd, odd, *rows, impl="pallas", interpret=True)
+
+
+# The Mosaic GPU kernel (verify_attention_mosaic.py) takes 16-bit caches with head_dim a multiple
+# of 64 and S a multiple of its 64-position block: (N, S, G, Q/G, D, rows, padding, long slot).
+MOSAIC_CASES = [
+    (4, 64, 2, 1, 64, 3, 2, 0),  # Qp = 1: 64 rows per chunk
+    (8, 128, 1, 4, 64, 12, 5, 0),  # 16 rows per chunk, runs of up to 12 rows
+    (5, 128, 2, 5, 128, 4, 3, 0),  # Q/G = 5 -> padded to 8
+    (8, 64, 4, 2, 64, 1, 0, 0),  # decode-like: one row per slot, no padding
+    (8, 256, 2, 3, 64, 2, 1, 40),  # one slot spans several chunks and KV blocks
+]
+
+
+@pytest.fixture(scope="session")
+def mosaic_kwargs(on_device):
+    """The Mosaic GPU kernel: jax's GPU interpreter on the CPU, compiled on the device run."""
+    return {"impl": "mosaic", "interpret": not on_device}
+
+
+@pytest.mark.parametrize(
+    "case, dtype",
+    [(c, jnp.bfloat16) for c in MOSAIC_CASES] + [(MOSAIC_CASES[2], jnp.float16)],
+    ids=["N{}-S{}-G{}-QG{}-D{}-r{}-p{}-l{}-bf16".format(*c) for c in MOSAIC_CASES]
+    + ["N{}-S{}-G{}-QG{}-D{}-r{}-p{}-l{}-f16".format(*MOSAIC_CASES[2])])
+def test_mosaic_kernel_matches_reference(case, dtype, mosaic_kwargs):
+    """On caches that are NaN past each slot's last row, so the last block's masking shows."""
+    n, s, g, group, d, max_rows, pad_rows, long_slot = case
+    rng = np.random.default_rng(hash(case) % 2**32)
+    args = make_case(rng, n=n, s=s, g=g, group=group, d=d, max_rows=max_rows,
+                     pad_rows=pad_rows, dtype=dtype, long_slot=long_slot, layers=2)
+    got = np.asarray(verify_attention(*args, layer=1, **mosaic_kwargs), np.float32)
+    want = np.asarray(verify_attention_reference(*args, layer=1), np.float32)
+    assert np.isfinite(got).all(), "the Mosaic kernel read a NaN-filled (stale) cache entry"
+    real = np.asarray(args[3]) < n
+    np.testing.assert_allclose(got[real], want[real], **_tolerance(jnp.bfloat16, True))
+
+
+def test_mosaic_kernel_refuses_what_it_does_not_take():
+    rng = np.random.default_rng(5)
+    kw = dict(n=4, s=64, g=2, group=2, max_rows=2, pad_rows=0)
+    cases = [(make_case(rng, d=64, dtype=jnp.float32, **kw), "bfloat16 or float16"),
+             (make_case(rng, d=32, dtype=jnp.bfloat16, **kw), "head_dim a multiple of 64"),
+             (make_case(rng, d=64, dtype=jnp.bfloat16, **{**kw, "s": 96}), "S = 96")]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            verify_attention(*args, impl="mosaic", interpret=True)
+
+
+def test_mosaic_route_where_asked_and_supported(monkeypatch):
+    """LIGHTSPEC_MOSAIC_OPS sends verify_attention to the Mosaic kernel where it takes the
+    arguments and leaves the rest on Triton; only ops with a Mosaic kernel may be named."""
+    from lightspec_jax.pallas_kernels import fill, verify_attention_mosaic
+
+    calls = []
+    real = verify_attention_mosaic.verify_attention_mosaic
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].dtype)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(verify_attention_mosaic, "verify_attention_mosaic", spy)
+    rng = np.random.default_rng(9)
+    kw = dict(n=4, s=64, g=2, group=2, d=64, max_rows=2, pad_rows=1)
+    bf16, f32 = (make_case(rng, dtype=dt, **kw) for dt in (jnp.bfloat16, jnp.float32))
+
+    def run(args):
+        verify_attention.clear_cache()  # the route is chosen at trace time
+        return np.asarray(verify_attention(*args, interpret=True), np.float32)
+
+    run(bf16)
+    assert calls == []  # not asked: Triton
+    monkeypatch.setenv("LIGHTSPEC_MOSAIC_OPS", "verify_attention")
+    got = run(bf16)
+    assert calls == [jnp.bfloat16]
+    want = np.asarray(verify_attention_reference(*bf16), np.float32)
+    real_rows = np.asarray(bf16[3]) < 4
+    np.testing.assert_allclose(got[real_rows], want[real_rows], **_tolerance(jnp.bfloat16, True))
+    run(f32)  # float32: Triton
+    assert calls == [jnp.bfloat16]
+    monkeypatch.setenv("LIGHTSPEC_MOSAIC_OPS", "fill")
+    with pytest.raises(ValueError, match="unknown ops"):
+        run(bf16)
+    verify_attention.clear_cache()
+    with pytest.raises(ValueError, match="fill has no Mosaic GPU kernel"):
+        fill(jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32), jnp.ones(2, bool), num_rows=2,
+             impl="mosaic")
