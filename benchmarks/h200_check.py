@@ -32,7 +32,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from h200_kernels import (last_line, reference_ops, run_kernel_tests,  # noqa: E402
+from h200_kernels import (last_line, op_routes, run_kernel_tests,  # noqa: E402
                           time_kernels, time_verify_step)
 
 QWEN3_14B = dict(vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_layers=40,
@@ -93,7 +93,7 @@ H200_PLAN = Plan(
     repeats=10)
 DRY_PLAN = Plan(
     dry_run=True, deadline_s=240, test_filter="N4-S64 and f32", slots=4, depth=3,
-    attn_shape=dict(Q=4, G=2, D=32, S=64), context=16, cache_len=64, batches=(4, 8),
+    attn_shape=dict(Q=4, G=2, D=64, S=64), context=16, cache_len=64, batches=(4, 8),
     models={"qwen3-14b": TINY, "qwen3-0.6b": TINY}, serve_c=4, serve_prompt_len=8,
     serve_new_tokens=8, serve_prefill_tokens=128, serve_shape=TINY, serve_dtype="float32", serve_buckets=(1,),
     serve_waves=2,
@@ -235,18 +235,22 @@ def summary_text(results: dict) -> str:
         lines.append(f"ops on their jnp reference after GPU failures: {results['reference_ops']}")
     for row in results.get("kernel_timings") or []:
         if "error" in row:
-            lines.append(f"{row['kernel']:>18} {row['shape']}: FAILED {row['error']}")
+            lines.append(f"{row['kernel']:>28} {row['shape']}: FAILED {row['error']}")
             continue
         extra = (f", {row['achieved_tb_s']:.2f} TB/s" if "achieved_tb_s" in row else "")
         extra += (f" (KV roofline {row['kv_roofline_ms']:.3f} ms)" if "kv_roofline_ms" in row
                   else "")
         extra += (f", reference {row['reference_ms']:.3f} ms" if "reference_ms" in row else "")
-        lines.append(f"{row['kernel']:>18} {row['shape']}: {row['pallas_ms']:.3f} ms{extra}")
+        lines.append(f"{row['kernel']:>28} {row['shape']}: {row['pallas_ms']:.3f} ms{extra}")
     for name, model in (results.get("verify_step") or {}).items():
         for row in model["rows"]:
             if "ms" in row:
                 xla = (f"; XLA attention {row['xla_attention_ms']:.2f} ms"
                        if "xla_attention_ms" in row else "")
+                xla += (f"; Mosaic GPU attention {row['mosaic_attention_ms']:.2f} ms"
+                        if "mosaic_attention_ms" in row else "")
+                xla += (f"; Mosaic GPU attention FAILED {row['mosaic_attention_error']}"
+                        if "mosaic_attention_error" in row else "")
                 lines.append(f"verify step {name} B={row['B']}: {row['ms']:.2f} ms "
                              f"({row['attention']} attention), roofline {row['roofline_ms']:.2f}"
                              f" ms ({row['bound']}), {100 * row['fraction_of_roofline']:.0f}% of "
@@ -362,7 +366,7 @@ def main(argv=None) -> dict:
         section_start = time.perf_counter()
         try:
             # Later sections trace with the failed kernels' references.
-            with reference_ops(fallback):
+            with op_routes(reference=fallback):
                 results[name] = section()
         except Exception:  # noqa: BLE001 - recorded, and the next section still runs
             results["errors"][name] = traceback.format_exc()

@@ -47,19 +47,22 @@ def time_call(fn, repeats: int) -> float:
 
 
 @contextlib.contextmanager
-def reference_ops(ops):
-    """LIGHTSPEC_REFERENCE_OPS = ops while tracing inside the block (read at trace time)."""
-    from lightspec_jax.pallas_kernels import REFERENCE_OPS_ENV
+def op_routes(reference=(), mosaic=()):
+    """LIGHTSPEC_REFERENCE_OPS and LIGHTSPEC_MOSAIC_OPS name these ops while tracing inside the
+    block (the ops read them at trace time)."""
+    from lightspec_jax.pallas_kernels import MOSAIC_OPS_ENV, REFERENCE_OPS_ENV
 
-    before = os.environ.get(REFERENCE_OPS_ENV)
-    os.environ[REFERENCE_OPS_ENV] = ",".join(sorted(ops))
+    settings = {REFERENCE_OPS_ENV: reference, MOSAIC_OPS_ENV: mosaic}
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update({name: ",".join(sorted(ops)) for name, ops in settings.items()})
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(REFERENCE_OPS_ENV, None)
-        else:
-            os.environ[REFERENCE_OPS_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def last_line(exc: BaseException) -> str:
@@ -178,9 +181,15 @@ def time_kernels(plan: Plan, fallback: set, publish) -> list[dict]:
             return {"kv_bytes": kv_bytes, "kv_roofline_ms": kv_bytes / HBM_BYTES_S * 1e3,
                     "achieved_tb_s": kv_bytes / (ms * 1e-3) / 1e12}
 
-        add("verify_attention", f"B={num_rows} N={n} ctx={plan.context} Q={a['Q']} "
-            f"G={a['G']} D={a['D']} S={a['S']} bf16",
+        shape = (f"B={num_rows} N={n} ctx={plan.context} Q={a['Q']} G={a['G']} D={a['D']} "
+                 f"S={a['S']} bf16")
+        add("verify_attention", shape,
             lambda q=q, slot=slot, pos=pos: verify_attention(q, k_cache, v_cache, slot, pos, **kw),
+            extra=extra)
+        # The Mosaic GPU kernel of the same op (it never joins the fallback: Triton stays).
+        add("verify_attention (Mosaic GPU)", shape,
+            lambda q=q, slot=slot, pos=pos: verify_attention(
+                q, k_cache, v_cache, slot, pos, impl="mosaic", interpret=plan.dry_run),
             extra=extra)
     return rows
 
@@ -225,8 +234,9 @@ def time_verify_step(plan: Plan, deadline: float, fallback: set, publish) -> dic
         param_count, param_bytes = sum(x.size for x in leaves), sum(x.nbytes for x in leaves)
         init_s = time.perf_counter() - start
 
-        def timed(num_rows, ops):
-            """ms of one verify step over num_rows rows, tracing with LIGHTSPEC_REFERENCE_OPS."""
+        def timed(num_rows, ops, mosaic=()):
+            """ms of one verify step over num_rows rows, tracing with LIGHTSPEC_REFERENCE_OPS =
+            ops and LIGHTSPEC_MOSAIC_OPS = mosaic."""
             per_slot = num_rows // n
             cache = [nnx.merge(graphdef, state).new_cache(num_slots=n, max_len=plan.cache_len)]
             slots = jnp.repeat(jnp.arange(n, dtype=jnp.int32), per_slot)
@@ -238,7 +248,7 @@ def time_verify_step(plan: Plan, deadline: float, fallback: set, publish) -> dic
                 return jnp.argmax(out.logits, axis=-1), out.cache
 
             compile_start = time.perf_counter()
-            with reference_ops(ops):
+            with op_routes(reference=ops, mosaic=mosaic):
                 compiled = jax.jit(step, donate_argnums=(4,)).lower(
                     state, tokens, positions, slots, cache[0]).compile()
                 attention = "pallas" if use_pallas(op="verify_attention") else "xla"
@@ -284,6 +294,11 @@ def time_verify_step(plan: Plan, deadline: float, fallback: set, publish) -> dic
                     row["xla_attention_ms"] = timed(num_rows, fallback | {"verify_attention"})[0]
                 except Exception as exc:  # noqa: BLE001
                     row["xla_attention_error"] = last_line(exc)
+                try:  # the same step on the Mosaic GPU attention kernel
+                    row["mosaic_attention_ms"] = timed(num_rows, fallback,
+                                                       mosaic={"verify_attention"})[0]
+                except Exception as exc:  # noqa: BLE001
+                    row["mosaic_attention_error"] = last_line(exc)
             rows.append(row)
             publish(results)
             print(name, row, flush=True)

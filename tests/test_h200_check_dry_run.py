@@ -33,7 +33,8 @@ def test_dry_run_writes_every_section(tmp_path):
     assert tests["tests"] >= 1 and tests["failures"] == tests["errors"] == 0
 
     kernels = {row["kernel"] for row in results["kernel_timings"]}
-    assert kernels == {"fill", "verify", "commit", "vocab_argmax (XLA)", "verify_attention"}
+    assert kernels == {"fill", "verify", "commit", "vocab_argmax (XLA)", "verify_attention",
+                       "verify_attention (Mosaic GPU)"}
     assert not any("error" in row for row in results["kernel_timings"])
     assert results["reference_ops"] == []
 
