@@ -3,17 +3,19 @@
 Every bucket size of the engine comes from the generators here: prefill rows, verify rows
 (also the plain decode step's rows) and slot-write counts. Every device step is defined at
 start-up by its key, function and abstract arguments, and compiled with
-`jax.jit(f).lower(args).compile()`: at start-up, or (`lazy`) the first time it is called, for
-variants most runs never use (the sampling variants of a step). The compiled executables
-cannot re-trace: a wrong shape raises TypeError. Anything else that compiles while serving (a
-stray jnp op on the host path, a pytree that changed structure) is caught by `CompileWatch`,
-which counts JAX's own compile events, less those of a registry's own lazy compiles.
+`jax.jit(f).lower(args).compile()` (on a GPU with `compiler_options()`): at start-up, or
+(`lazy`) the first time it is called, for variants most runs never use (the sampling variants
+of a step). The compiled executables cannot re-trace: a wrong shape raises TypeError. Anything
+else that compiles while serving (a stray jnp op on the host path, a pytree that changed
+structure) is caught by `CompileWatch`, which counts JAX's own compile events, less those of a
+registry's own lazy compiles.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Hashable, Iterable
@@ -23,6 +25,21 @@ from jax import monitoring
 
 _COMPILE_EVENT_PREFIX = "/jax/core/compile/"
 log = logging.getLogger(__name__)
+
+# XLA options every device step compiles with on a GPU, so the engine does not depend on the
+# user's XLA_FLAGS for its speed. GEMMs go to cuBLAS: on the H200, XLA's Triton GEMMs with
+# autotuning off ran the Qwen3-14B verify step at 13 TFLOP/s, cuBLAS at 47-74% of the bf16
+# roofline (BENCHMARKS.md, "The H200 device check"). A flag the user's XLA_FLAGS names wins.
+GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+
+
+def compiler_options(backend: str | None = None) -> dict[str, Any]:
+    """Per-executable XLA options for the engine's device steps on `backend` (default: JAX's):
+    GPU_COMPILER_OPTIONS on a GPU, less the flags XLA_FLAGS sets; none elsewhere."""
+    if (backend or jax.default_backend()) != "gpu":
+        return {}
+    user_flags = os.environ.get("XLA_FLAGS", "")
+    return {k: v for k, v in GPU_COMPILER_OPTIONS.items() if f"--{k}=" not in user_flags}
 
 
 def powers_of_two(top: int, *, start: int = 1, base: int = 2) -> tuple[int, ...]:
@@ -169,7 +186,8 @@ class BucketRegistry:
     def build(self, key: Hashable) -> Any:
         fn, abstract_args, jit_kwargs = self._recipes[key]
         start = time.perf_counter()
-        executable = jax.jit(fn, **jit_kwargs).lower(*abstract_args).compile()
+        executable = jax.jit(fn, **jit_kwargs).lower(*abstract_args).compile(
+            compiler_options=compiler_options() or None)
         self._compiled[key] = executable
         self.compile_seconds += time.perf_counter() - start
         return executable

@@ -111,3 +111,22 @@ def test_compile_on_first_use_starts_with_nothing_compiled(engine):
     assert all(r.compiled for r in registries)
     with pytest.raises(ValueError, match="compile_on_first_use"):
         EngineConfig(compile_on_first_use="yes")
+
+
+def test_gpu_compiler_options_compile_and_yield_to_xla_flags(monkeypatch):
+    """On a GPU every device step compiles with GPU_COMPILER_OPTIONS (cuBLAS GEMMs), unless
+    the user's XLA_FLAGS sets the flag; elsewhere with none. The option names must be ones this
+    XLA knows (a misspelt one fails the compile, which XLA:CPU checks too)."""
+    from lightspec_jax.engine import buckets
+
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert buckets.compiler_options("cpu") == {}
+    assert buckets.compiler_options("gpu") == buckets.GPU_COMPILER_OPTIONS
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
+    assert buckets.compiler_options("gpu") == {}
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setattr(buckets, "compiler_options", lambda: buckets.GPU_COMPILER_OPTIONS)
+    registry = buckets.BucketRegistry("gpu-options", (4,))
+    registry.define(4, lambda x: x @ x, jax.ShapeDtypeStruct((4, 4), jnp.float32))
+    registry.build(4)
+    np.testing.assert_allclose(np.asarray(registry(4, jnp.eye(4))), np.eye(4))
