@@ -240,6 +240,8 @@ def summary_text(results: dict) -> str:
         extra = (f", {row['achieved_tb_s']:.2f} TB/s" if "achieved_tb_s" in row else "")
         extra += (f" (KV roofline {row['kv_roofline_ms']:.3f} ms)" if "kv_roofline_ms" in row
                   else "")
+        extra += (f", {100 * row['fraction_of_roofline']:.1f}% of its roofline"
+                  if "fraction_of_roofline" in row else "")
         extra += (f", reference {row['reference_ms']:.3f} ms" if "reference_ms" in row else "")
         lines.append(f"{row['kernel']:>28} {row['shape']}: {row['pallas_ms']:.3f} ms{extra}")
     for name, model in (results.get("verify_step") or {}).items():

@@ -3,13 +3,19 @@ kernel tests compiled on the GPU, each kernel timed against its reference, and t
 step against its bf16 roofline. Each takes the check's Plan; a kernel that fails here joins
 `fallback`, the ops the later sections trace on their jnp reference.
 
+Every figure comes with its own roofline: a kernel's is the bytes it must move at least (its
+arguments and results; for verify_attention each request's live KV once plus the queries and
+the output) over 4.8 TB/s, the step's below. verify_attention is timed on both of its GPU
+kernels, Triton and Mosaic GPU.
+
 Target verify step: a random-weight model of the real shape (all layers, bf16, weights drawn on
 the device), B verify rows spread evenly over N = 256 slots with a live context of CTX tokens
 each; the time is one jitted forward plus argmax over all B rows, next to the roofline
 max(bytes / 4.8 TB/s, FLOPs / 790 TFLOP/s) with bytes = weights + KV read, FLOPs = 2 * B *
 matmul params + attention. The cache is donated and carried from call to call, as in serving
 (without donation every call would copy the whole cache). For Qwen3-14B at some B the same step
-is also timed with the XLA attention path, to show what the Pallas attention kernel buys.
+is also timed with the XLA attention path, to show what the Pallas attention kernel buys, and
+with the Mosaic GPU attention kernel.
 
 Axis legend: N slots, K max draft depth, B verify rows, S cache length, L layers, V vocab.
 """
@@ -63,6 +69,13 @@ def op_routes(reference=(), mosaic=()):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def tree_bytes(*trees) -> int:
+    """Bytes of every array in the pytrees."""
+    import jax
+
+    return int(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(trees)))
 
 
 def last_line(exc: BaseException) -> str:
@@ -126,13 +139,19 @@ def time_kernels(plan: Plan, fallback: set, publish) -> list[dict]:
     active = jnp.ones((n,), bool)
     rows = []
 
-    def add(name, shape, fn, ref=None, extra=None):
+    def add(name, shape, fn, ref=None, extra=None, inputs=(), moved=None):
+        """Time fn (and ref). Its roofline is bytes / 4.8 TB/s, with bytes = moved, the least
+        the op must read and write, or by default its inputs' and results' bytes."""
         row = {"kernel": name, "shape": shape}
         try:
+            out = jax.block_until_ready(fn())
             row["pallas_ms"] = time_call(lambda: jax.block_until_ready(fn()), plan.repeats)
             if ref is not None:
                 row["reference_ms"] = time_call(lambda: jax.block_until_ready(ref()),
                                                 plan.repeats)
+            row["bytes"] = moved if moved is not None else tree_bytes(inputs, out)
+            row["roofline_ms"] = row["bytes"] / HBM_BYTES_S * 1e3
+            row["fraction_of_roofline"] = row["roofline_ms"] / row["pallas_ms"]
             row.update(extra(row["pallas_ms"]) if extra else {})
         except Exception as exc:  # noqa: BLE001 - recorded; the reference takes over
             row["error"] = last_line(exc)
@@ -146,22 +165,22 @@ def time_kernels(plan: Plan, fallback: set, publish) -> list[dict]:
         args = (conf, plen, active)
         add("fill", f"N={n} K={k} B={num_rows}",
             lambda: fill(*args, num_rows=num_rows, **kw),
-            lambda: fill(*args, num_rows=num_rows, impl="reference"))
+            lambda: fill(*args, num_rows=num_rows, impl="reference"), inputs=args)
     fr = fill(conf, plen, active, num_rows=b, impl="reference")
     draft = jnp.asarray(rng.integers(0, 4, (n, k)), jnp.int32)
     target = jnp.asarray(rng.integers(0, 4, (b,)), jnp.int32)
     add("verify", f"N={n} K={k} B={b}", lambda: verify(target, fr, draft, **kw),
-        lambda: verify(target, fr, draft, impl="reference"))
+        lambda: verify(target, fr, draft, impl="reference"), inputs=(target, fr, draft))
     accepted, out_tokens, num_new = verify(target, fr, draft, impl="reference")
     commit_args = (out_tokens, num_new, accepted, fr, jnp.full((n,), 100, jnp.int32), active,
                    jnp.full((n, 8), -1, jnp.int32), jnp.full((n,), 1000, jnp.int32))
     add("commit", f"N={n} K={k} B={b}", lambda: commit(*commit_args, **kw),
-        lambda: commit(*commit_args, impl="reference"))
+        lambda: commit(*commit_args, impl="reference"), inputs=commit_args)
     # What a fused vocab-argmax + exact-match kernel could save at most: the argmax pass over
     # the verify logits (XLA's reduction), next to the target step that produced them.
     logits = jax.random.normal(jax.random.key(0), (b, plan.vocab), jnp.float32)
     argmax = jax.jit(lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32))
-    add("vocab_argmax (XLA)", f"B={b} V={plan.vocab} f32", lambda: argmax(logits),
+    add("vocab_argmax (XLA)", f"B={b} V={plan.vocab} f32", lambda: argmax(logits), inputs=logits,
         extra=lambda ms: {"logits_bytes": logits.nbytes,
                           "achieved_tb_s": logits.nbytes / (ms * 1e-3) / 1e12})
     del logits
@@ -183,14 +202,15 @@ def time_kernels(plan: Plan, fallback: set, publish) -> list[dict]:
 
         shape = (f"B={num_rows} N={n} ctx={plan.context} Q={a['Q']} G={a['G']} D={a['D']} "
                  f"S={a['S']} bf16")
+        moved = kv_bytes + 2 * q.nbytes  # each request's live KV once, the queries, the output
         add("verify_attention", shape,
             lambda q=q, slot=slot, pos=pos: verify_attention(q, k_cache, v_cache, slot, pos, **kw),
-            extra=extra)
+            extra=extra, moved=moved)
         # The Mosaic GPU kernel of the same op (it never joins the fallback: Triton stays).
         add("verify_attention (Mosaic GPU)", shape,
             lambda q=q, slot=slot, pos=pos: verify_attention(
                 q, k_cache, v_cache, slot, pos, impl="mosaic", interpret=plan.dry_run),
-            extra=extra)
+            extra=extra, moved=moved)
     return rows
 
 

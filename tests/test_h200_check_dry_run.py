@@ -36,6 +36,9 @@ def test_dry_run_writes_every_section(tmp_path):
     assert kernels == {"fill", "verify", "commit", "vocab_argmax (XLA)", "verify_attention",
                        "verify_attention (Mosaic GPU)"}
     assert not any("error" in row for row in results["kernel_timings"])
+    # Every kernel figure comes with its own roofline (bytes it must move / 4.8 TB/s).
+    assert all(row["bytes"] > 0 and 0 < row["fraction_of_roofline"]
+               for row in results["kernel_timings"])
     assert results["reference_ops"] == []
 
     assert set(results["verify_step"]) == {"qwen3-14b", "qwen3-0.6b"}
