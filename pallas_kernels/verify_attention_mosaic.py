@@ -26,10 +26,10 @@ block, Q/G <= 64.
 
 Interpret mode (``interpret=True``) runs jax's Mosaic GPU interpreter on the CPU: the TMA copies,
 barriers, double buffering, masking and ragged stores as compiled. The interpreter has no rule
-for a transposed or register WGMMA operand, nor for register-layout hints, so there the two
-products are jnp dots on the same shared-memory tiles and the hints are dropped; the compiled
-WGMMAs are checked by lowering for an H200 (tests/pallas_kernels/test_cuda_lowering.py) and on
-the device check.
+for a transposed or register WGMMA operand, nor for register layouts (layout hints, a load into
+a given layout), so there the two products are jnp dots on the same shared-memory tiles and the
+layouts are left to it. The compiled WGMMAs and layouts are checked by lowering for an H200
+(tests/pallas_kernels/test_cuda_lowering.py) and on the device check.
 
 Axis legend: T rows, N slots, L layers, S cache length, G KV heads, Q query heads, D head dim,
 C chunks, R rows per chunk, Qp = Q/G padded to a power of two, M = R * Qp, blk = KV block.
@@ -155,7 +155,10 @@ def _body(
         fetch(0, 0)
         plgpu.barrier_wait(q_barrier.at[0])
         plgpu.barrier_wait(q_barrier.at[1])
-        pos = hint(pos_smem[...], wgmma_row)  # [M]
+        if compiled:  # straight into the layout of the score rows
+            pos = plgpu.load(pos_smem, (), layout=wgmma_row)  # [M]
+        else:
+            pos = pos_smem[...]
 
         def read_block(b, carry):
             acc, running_max, denom = carry  # f32 [M, D], [M], [M]
