@@ -16,9 +16,10 @@ One program per (chunk, KV head), one warpgroup each:
   stores by binary decomposition are also what jax's ``pallas/ops/gpu/ragged_dot_mgpu.py``
   does.)
 
-M = 64 query rows per program (a warpgroup's WGMMA tile), so a chunk holds R = 64 / Qp rows.
-The Triton kernel sizes R by rows per request instead; with M fixed, plain decoding (one row
-per request) leaves most of the tile idle, which costs MMA work, not bandwidth.
+M = R * Qp query rows per program, 64 or 128 (one or two warpgroup tiles of WGMMA rows): R
+follows the rows per request as in the Triton kernel, so a verify request's up to 16 rows are
+one chunk, its KV read once, where Qp <= 8. Plain decoding (one row per request) leaves all
+but Qp rows of the 64-row tile idle, which costs MMA work, not bandwidth.
 
 What it takes (``unsupported`` names what it does not): bf16 or f16 (WGMMA's 16-bit inputs;
 f32 stays on Triton), head_dim a multiple of 64 (the 128-byte swizzle), S a multiple of the KV
@@ -48,8 +49,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ._backend import pow2_at_least
 from ._row_chunks import chunk_rows, query_tiles, rows_from_tiles
 
-# A warpgroup's WGMMA tile height: the query rows (rows x padded heads) of one program.
-BLOCK_Q = 64
+# Query rows (rows x padded heads) of one program: a warpgroup's WGMMA tile height, or two.
+BLOCK_Q_MIN, BLOCK_Q_MAX = 64, 128
 # Cache positions per KV block; S must be a multiple (engines' strips past 128 tokens are).
 BLOCK_KV = 64
 # 128-byte swizzled, (8, 64)-tiled shared memory: the layout WGMMA reads 16-bit operands from.
@@ -73,8 +74,8 @@ def unsupported(q_shape, q_dtype, cache_shape, block_kv: int = BLOCK_KV) -> str 
     if s % block_kv:
         return (f"the Mosaic GPU verify_attention needs the cache length S a multiple of its "
                 f"{block_kv}-position KV block, got S = {s}")
-    if pow2_at_least(num_q // g, 1) > BLOCK_Q:
-        return (f"the Mosaic GPU verify_attention takes at most {BLOCK_Q} query heads per KV "
+    if pow2_at_least(num_q // g, 1) > BLOCK_Q_MIN:
+        return (f"the Mosaic GPU verify_attention takes at most {BLOCK_Q_MIN} query heads per KV "
                 f"head, got {num_q // g}")
     return None
 
@@ -130,7 +131,7 @@ def _body(
     c, g = lax.axis_index("chunk"), lax.axis_index("kv_head")
     start, num_rows, slot = start_ref[c], rows_ref[c], slot_ref[c]
     max_pos, layer = max_pos_ref[c], layer_ref[0]
-    head_dim = q_smem.shape[-1]
+    block_q, head_dim = q_smem.shape  # M, D
     num_blocks = max_pos // block_kv + 1
     wgmma_row = plgpu.Layout.WGMMA.reduce(1)
 
@@ -149,7 +150,7 @@ def _body(
 
     @pl.when(num_rows > 0)
     def _():
-        query_rows = pl.ds(start * heads_pad, BLOCK_Q)
+        query_rows = pl.ds(start * heads_pad, block_q)
         plgpu.copy_gmem_to_smem(q_ref.at[g, query_rows], q_smem, q_barrier.at[0])
         plgpu.copy_gmem_to_smem(pos_ref.at[query_rows], pos_smem, q_barrier.at[1])
         fetch(0, 0)
@@ -173,12 +174,12 @@ def _body(
                 def q_kt(acc_ref):
                     plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[buf], (1, 0)))
                     return acc_ref[...]
-                scores = pl.run_scoped(q_kt, plgpu.ACC((BLOCK_Q, block_kv), jnp.float32))
+                scores = pl.run_scoped(q_kt, plgpu.ACC((block_q, block_kv), jnp.float32))
             else:
                 scores = lax.dot_general(q_smem[...], k_smem[buf], (((1,), (1,)), ((), ())),
                                          preferred_element_type=jnp.float32)  # [M, blk]
-            key_pos = b * block_kv + iota((BLOCK_Q, block_kv), 1)
-            visible = key_pos <= lax.broadcast_in_dim(pos, (BLOCK_Q, block_kv), [0])
+            key_pos = b * block_kv + iota((block_q, block_kv), 1)
+            visible = key_pos <= lax.broadcast_in_dim(pos, (block_q, block_kv), [0])
             scores = jnp.where(visible, scores * head_dim**-0.5, _MASK_VALUE)
             new_max = jnp.maximum(running_max, scores.max(axis=1))
             # where, not just exp: a row that sees nothing yet would get exp(mask - mask) = 1.
@@ -201,15 +202,15 @@ def _body(
                 def p_v(acc_ref):
                     plgpu.wgmma(acc_ref, probs, v_smem.at[buf])
                     return acc_ref[...]
-                pv = pl.run_scoped(p_v, plgpu.ACC((BLOCK_Q, head_dim), jnp.float32))
+                pv = pl.run_scoped(p_v, plgpu.ACC((block_q, head_dim), jnp.float32))
             else:
                 pv = jnp.dot(probs, v_smem[buf], preferred_element_type=jnp.float32)  # [M, D]
             acc = acc * lax.broadcast_in_dim(correction, acc.shape, [0]) + pv
             return acc, new_max, denom
 
-        init = (hint(jnp.zeros((BLOCK_Q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
-                hint(jnp.full((BLOCK_Q,), _MASK_VALUE, jnp.float32), wgmma_row),
-                hint(jnp.zeros((BLOCK_Q,), jnp.float32), wgmma_row))
+        init = (hint(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+                hint(jnp.full((block_q,), _MASK_VALUE, jnp.float32), wgmma_row),
+                hint(jnp.zeros((block_q,), jnp.float32), wgmma_row))
         acc, _, denom = lax.fori_loop(0, num_blocks, read_block, init)
         denom = jnp.where(denom > 0, denom, 1.0)  # rows that saw nothing (padding) give 0
         o_smem[...] = (acc / lax.broadcast_in_dim(denom, acc.shape, [0])).astype(o_smem.dtype)
@@ -229,6 +230,17 @@ def _body(
         plgpu.wait_smem_to_gmem(0)
 
 
+def rows_per_chunk(num_rows: int, num_slots: int, heads_pad: int) -> int:
+    """R: about the rows per request (T/N, a power of two), with M = R * Qp in [64, 128].
+
+    So a verify step's request (up to K+1 = 16 rows) is one chunk, its KV read once, wherever
+    M = 128 allows (Qp <= 8 at 16 rows); M = 64 otherwise: fewer live rows per tile cost MMA
+    work, and a second warpgroup-tile of accumulators costs registers.
+    """
+    low, high = BLOCK_Q_MIN // heads_pad, BLOCK_Q_MAX // heads_pad
+    return min(max(pow2_at_least(-(-num_rows // num_slots), 1), low), high)
+
+
 def verify_attention_mosaic(q, k_cache, v_cache, row_slot, row_pos, *, layer,
                             interpret: bool = False, block_kv: int = BLOCK_KV) -> jax.Array:
     """The Mosaic GPU kernel: arguments as ``verify_attention`` takes them, checked by it, with
@@ -242,7 +254,8 @@ def verify_attention_mosaic(q, k_cache, v_cache, row_slot, row_pos, *, layer,
     t, num_q, d = q.shape
     _, n, s, g, _ = k_cache.shape
     heads_pad = pow2_at_least(num_q // g, 1)
-    r = BLOCK_Q // heads_pad
+    r = rows_per_chunk(t, n, heads_pad)
+    block_q = r * heads_pad
     chunks = chunk_rows(row_slot, row_pos, num_slots=n, max_len=s, rows_per_chunk=r)
     q_tiles, pos_tiles = query_tiles(q, row_pos, num_kv_heads=g, heads_pad=heads_pad,
                                      rows_per_chunk=r)
@@ -253,11 +266,11 @@ def verify_attention_mosaic(q, k_cache, v_cache, row_slot, row_pos, *, layer,
                           compiled=not interpret),
         out_type=jax.ShapeDtypeStruct(q_tiles.shape, q.dtype),
         scratch_types=[
-            plgpu.SMEM((BLOCK_Q, d), q.dtype, transforms=swizzled),  # query tile
-            plgpu.SMEM((BLOCK_Q, d), q.dtype),  # output tile (row slices for the stores)
+            plgpu.SMEM((block_q, d), q.dtype, transforms=swizzled),  # query tile
+            plgpu.SMEM((block_q, d), q.dtype),  # output tile (row slices for the stores)
             plgpu.SMEM((2, block_kv, d), q.dtype, transforms=swizzled),  # K blocks
             plgpu.SMEM((2, block_kv, d), q.dtype, transforms=swizzled),  # V blocks
-            plgpu.SMEM((BLOCK_Q,), jnp.int32),  # query positions
+            plgpu.SMEM((block_q,), jnp.int32),  # query positions
         ],
         grid=(chunks.start.shape[0], g),
         grid_names=("chunk", "kv_head"),

@@ -179,6 +179,7 @@ MOSAIC_CASES = [
     (5, 128, 2, 5, 128, 4, 3, 0),  # Q/G = 5 -> padded to 8
     (8, 64, 4, 2, 64, 1, 0, 0),  # decode-like: one row per slot, no padding
     (8, 256, 2, 3, 64, 2, 1, 40),  # one slot spans several chunks and KV blocks
+    (4, 128, 2, 5, 128, 12, 2, 40),  # over 8 rows per request: 128-row tiles (R = 16, Qp = 8)
 ]
 
 
@@ -199,6 +200,9 @@ def test_mosaic_kernel_matches_reference(case, dtype, mosaic_kwargs):
     rng = np.random.default_rng(hash(case) % 2**32)
     args = make_case(rng, n=n, s=s, g=g, group=group, d=d, max_rows=max_rows,
                      pad_rows=pad_rows, dtype=dtype, long_slot=long_slot, layers=2)
+    if case == MOSAIC_CASES[-1]:
+        from lightspec_jax.pallas_kernels.verify_attention_mosaic import rows_per_chunk
+        assert rows_per_chunk(len(args[3]), n, 8) * 8 == 128
     got = np.asarray(verify_attention(*args, layer=1, **mosaic_kwargs), np.float32)
     want = np.asarray(verify_attention_reference(*args, layer=1), np.float32)
     assert np.isfinite(got).all(), "the Mosaic kernel read a NaN-filled (stale) cache entry"
