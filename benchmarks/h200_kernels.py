@@ -22,7 +22,6 @@ Axis legend: N slots, K max draft depth, B verify rows, S cache length, L layers
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import subprocess
@@ -50,25 +49,6 @@ def time_call(fn, repeats: int) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return sorted(times)[len(times) // 2]
-
-
-@contextlib.contextmanager
-def op_routes(reference=(), mosaic=()):
-    """LIGHTSPEC_REFERENCE_OPS and LIGHTSPEC_MOSAIC_OPS name these ops while tracing inside the
-    block (the ops read them at trace time)."""
-    from lightspec_jax.pallas_kernels import MOSAIC_OPS_ENV, REFERENCE_OPS_ENV
-
-    settings = {REFERENCE_OPS_ENV: reference, MOSAIC_OPS_ENV: mosaic}
-    before = {name: os.environ.get(name) for name in settings}
-    os.environ.update({name: ",".join(sorted(ops)) for name, ops in settings.items()})
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def tree_bytes(*trees) -> int:
@@ -239,7 +219,7 @@ def time_verify_step(plan: Plan, deadline: float, fallback: set, publish) -> dic
     from flax import nnx
 
     from lightspec_jax.models import Qwen3, Qwen3Config
-    from lightspec_jax.pallas_kernels import use_pallas
+    from lightspec_jax.pallas_kernels import op_routes, use_pallas
 
     results = {}
     dtype = jnp.float32 if plan.dry_run else jnp.bfloat16
@@ -268,7 +248,7 @@ def time_verify_step(plan: Plan, deadline: float, fallback: set, publish) -> dic
                 return jnp.argmax(out.logits, axis=-1), out.cache
 
             compile_start = time.perf_counter()
-            with op_routes(reference=ops, mosaic=mosaic):
+            with op_routes(reference=ops, mosaic=mosaic):  # read while tracing
                 compiled = jax.jit(step, donate_argnums=(4,)).lower(
                     state, tokens, positions, slots, cache[0]).compile()
                 attention = "pallas" if use_pallas(op="verify_attention") else "xla"

@@ -10,7 +10,17 @@ an op runs a kernel. Code outside this package imports only from here, never fro
 modules.
 """
 
-from ._backend import MOSAIC_OPS, MOSAIC_OPS_ENV, OPS, REFERENCE_OPS_ENV, Impl, use_pallas
+from ._backend import (
+    KERNELS_ENV,
+    MOSAIC_OPS,
+    MOSAIC_OPS_ENV,
+    OPS,
+    REFERENCE_OPS_ENV,
+    Impl,
+    on_local_shards,
+    op_routes,
+    use_pallas,
+)
 from .commit import CommitResult, commit, commit_reference
 from .fill import FillResult, fill, fill_reference
 from .verify import verify, verify_reference
@@ -18,6 +28,7 @@ from .verify_attention import CACHE_LEN_MULTIPLE, verify_attention, verify_atten
 
 __all__ = [
     "CACHE_LEN_MULTIPLE",
+    "KERNELS_ENV",
     "MOSAIC_OPS",
     "MOSAIC_OPS_ENV",
     "OPS",
@@ -29,6 +40,8 @@ __all__ = [
     "commit_reference",
     "fill",
     "fill_reference",
+    "on_local_shards",
+    "op_routes",
     "use_pallas",
     "verify",
     "verify_attention",

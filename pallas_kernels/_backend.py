@@ -11,6 +11,7 @@ Triton wants power-of-two tensor sizes, so ops pad their axes with ``pow2_at_lea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Literal
@@ -58,16 +59,58 @@ def mosaic_ops() -> frozenset[str]:
     """The ops LIGHTSPEC_MOSAIC_OPS sends to their Mosaic GPU kernel (read at trace time)."""
     return _named_ops(MOSAIC_OPS_ENV, MOSAIC_OPS)
 
+# Unset: the ops run their Pallas kernels on a GPU only. "interpret": on every backend,
+# interpreted where no GPU is (the CPU tests of the kernels inside the engine, on one device or
+# a mesh). "compiled": on every backend, compiled for a GPU - only for jax.export for CUDA from
+# a machine without one (benchmarks/tp_plan.py), since nothing else can run them there.
+KERNELS_ENV = "LIGHTSPEC_KERNELS"
+
 # The verify width K+1 is at most 16 (LightSpec's MTP limit); every op pads it to exactly this.
 MAX_WIDTH = 16
+# The mesh axis that tensor parallelism splits heads over (engine/sharding.py names it).
+MODEL_AXIS = "model"
+
+
+def _kernels_everywhere() -> str:
+    """LIGHTSPEC_KERNELS: "", "interpret" or "compiled" (read at trace time)."""
+    value = os.environ.get(KERNELS_ENV, "")
+    if value not in ("", "interpret", "compiled"):
+        raise ValueError(f"{KERNELS_ENV} must be unset, 'interpret' or 'compiled', got "
+                         f"{value!r}")
+    return value
+
+
+@contextlib.contextmanager
+def op_routes(*, reference=None, mosaic=None, kernels: str | None = None):
+    """Inside the block, LIGHTSPEC_REFERENCE_OPS names the ops in ``reference``,
+    LIGHTSPEC_MOSAIC_OPS those in ``mosaic``, and LIGHTSPEC_KERNELS is ``kernels`` ("" unsets
+    it); an argument left None leaves its variable as it is. The ops read these when traced,
+    and a traced op is reused by later traces whatever they say, so jax's caches are dropped
+    on entry and on exit."""
+    settings = {REFERENCE_OPS_ENV: reference, MOSAIC_OPS_ENV: mosaic, KERNELS_ENV: kernels}
+    settings = {name: value if isinstance(value, str) else ",".join(sorted(value))
+                for name, value in settings.items() if value is not None}
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        jax.clear_caches()
 
 
 def use_pallas(impl: Impl = None, *, interpret: bool = False, op: str | None = None) -> bool:
     """Whether an op should run its Pallas kernel (True) or its jnp reference (False).
 
     ``impl=None`` means: the kernel on a GPU backend, the reference elsewhere, unless
-    ``interpret=True`` asks for the kernel in interpret mode or LIGHTSPEC_REFERENCE_OPS names
-    ``op``. An explicit ``impl`` wins over both.
+    ``interpret=True`` asks for the kernel in interpret mode, LIGHTSPEC_KERNELS asks for the
+    kernels everywhere, or LIGHTSPEC_REFERENCE_OPS names ``op``. An explicit ``impl`` wins
+    over all of them.
     """
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
@@ -77,7 +120,40 @@ def use_pallas(impl: Impl = None, *, interpret: bool = False, op: str | None = N
         return impl != "reference"
     if op is not None and op in reference_ops():
         return False
-    return interpret or jax.default_backend() == "gpu"
+    return interpret or jax.default_backend() == "gpu" or bool(_kernels_everywhere())
+
+
+def interpreted(impl: Impl, interpret: bool) -> bool:
+    """Whether the kernel an op runs is interpreted: when asked, or when LIGHTSPEC_KERNELS=
+    interpret chose it where no GPU is. (An explicit ``impl="pallas"`` off a GPU without
+    ``interpret`` is the compiled kernel: what jax.export lowers for CUDA on a CPU.)"""
+    return interpret or (impl is None and _kernels_everywhere() == "interpret"
+                         and jax.default_backend() != "gpu")
+
+
+def on_local_shards(fn, in_specs, out_specs):
+    """`fn` (a kernel call) as each device's call on its own shards, when the context mesh
+    splits MODEL_AXIS under GSPMD (tensor parallelism); `fn` itself otherwise.
+
+    A Pallas kernel is one opaque custom call, which GSPMD cannot split: it would gather every
+    operand whole onto each device. Under jax.shard_map, manual over MODEL_AXIS only, each
+    device runs the kernel on its local shards (specs naming MODEL_AXIS, e.g. attention heads)
+    or on its whole copy (P(): the small per-slot arrays every device holds). The engine lowers
+    its steps under its mesh (jax.set_mesh), and a data-parallel step's shard_map is manual over
+    'data' already, so the context mesh says what is still split automatically.
+    """
+    if model_parallel_size() == 1:
+        return fn
+    return jax.shard_map(fn, mesh=jax.sharding.get_abstract_mesh(), in_specs=in_specs,
+                         out_specs=out_specs, axis_names={MODEL_AXIS}, check_vma=False)
+
+
+def model_parallel_size() -> int:
+    """M: the devices the context mesh splits MODEL_AXIS over under GSPMD (1: none)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or MODEL_AXIS not in mesh.axis_names or MODEL_AXIS in mesh.manual_axes:
+        return 1
+    return mesh.shape[MODEL_AXIS]
 
 
 def use_mosaic(impl: Impl, *, op: str) -> bool:

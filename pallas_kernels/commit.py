@@ -20,8 +20,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
-from ._backend import MAX_WIDTH, SLOT_BLOCK_TUNING, Impl, pow2_at_least, use_pallas
+from ._backend import (
+    MAX_WIDTH,
+    SLOT_BLOCK_TUNING,
+    Impl,
+    interpreted,
+    on_local_shards,
+    pow2_at_least,
+    use_pallas,
+)
 from .fill import FillResult
 
 _SLOTS_PER_BLOCK = 32
@@ -180,7 +189,14 @@ def commit(
         return commit_reference(
             out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining
         )
+    kernel = functools.partial(_commit_pallas, interpret=interpreted(impl, interpret))
+    return on_local_shards(kernel, (P(),) * 8, P())(
+        out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining)
 
+
+def _commit_pallas(out_tokens, num_new, accepted, fill, seq_len, active, stop_ids, remaining,
+                   *, interpret: bool) -> CommitResult:
+    """The kernel's route of ``commit``: slots padded to blocks of _SLOTS_PER_BLOCK."""
     n, width = out_tokens.shape
     n_pad = pow2_at_least(n)
     s_pad = pow2_at_least(stop_ids.shape[1], minimum=1)

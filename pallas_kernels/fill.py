@@ -28,8 +28,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
-from ._backend import FILL_TUNING, LAYOUT_TUNING, MAX_WIDTH, Impl, pow2_at_least, use_pallas
+from ._backend import (
+    FILL_TUNING,
+    LAYOUT_TUNING,
+    MAX_WIDTH,
+    Impl,
+    interpreted,
+    on_local_shards,
+    pow2_at_least,
+    use_pallas,
+)
 
 _CONF_MIN = 0.01
 _CONF_MAX = 0.99
@@ -232,8 +242,14 @@ def fill(
     _check_fill_args(confidences, proposal_len, active, num_rows)
     if not use_pallas(impl, interpret=interpret, op="fill"):
         return fill_reference(confidences, proposal_len, active, num_rows=num_rows)
+    kernel = functools.partial(_fill_pallas, num_rows=int(num_rows),
+                               interpret=interpreted(impl, interpret))
+    return on_local_shards(kernel, (P(),) * 3, P())(confidences, proposal_len, active)
 
-    num_rows = int(num_rows)
+
+def _fill_pallas(confidences, proposal_len, active, *, num_rows: int, interpret: bool
+                 ) -> FillResult:
+    """The kernels' route of ``fill``: padded inputs, the selection, the row layout."""
     n, k = confidences.shape
     n_pad, b_pad = pow2_at_least(n), pow2_at_least(num_rows)
     conf = jnp.zeros((n_pad, MAX_WIDTH), jnp.float32)

@@ -17,8 +17,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
-from ._backend import MAX_WIDTH, SLOT_BLOCK_TUNING, Impl, pow2_at_least, use_pallas
+from ._backend import (
+    MAX_WIDTH,
+    SLOT_BLOCK_TUNING,
+    Impl,
+    interpreted,
+    on_local_shards,
+    pow2_at_least,
+    use_pallas,
+)
 from .fill import FillResult
 
 # Slots per program: a [32, 16] tile per program, many programs at N = 256.
@@ -117,7 +126,12 @@ def verify(
     _check_verify_args(target_tokens, fill, draft_tokens)
     if not use_pallas(impl, interpret=interpret, op="verify"):
         return verify_reference(target_tokens, fill, draft_tokens)
+    kernel = functools.partial(_verify_pallas, interpret=interpreted(impl, interpret))
+    return on_local_shards(kernel, (P(),) * 3, P())(target_tokens, fill, draft_tokens)
 
+
+def _verify_pallas(target_tokens, fill, draft_tokens, *, interpret: bool):
+    """The kernel's route of ``verify``: slots padded to blocks of _SLOTS_PER_BLOCK."""
     n, k = draft_tokens.shape
     b = target_tokens.shape[0]
     n_pad, b_pad = pow2_at_least(n), pow2_at_least(b)

@@ -35,12 +35,17 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
+from jax.sharding import PartitionSpec as P
 
 from . import verify_attention_mosaic as mosaic
 from ._backend import (
+    MODEL_AXIS,
     VERIFY_ATTENTION_TUNING,
     AttentionTuning,
     Impl,
+    interpreted,
+    model_parallel_size,
+    on_local_shards,
     pow2_at_least,
     use_mosaic,
     use_pallas,
@@ -267,10 +272,28 @@ def verify_attention(
 
     if layer is None:
         k_cache, v_cache, layer = k_cache[None], v_cache[None], 0  # [1, N, S, G, D], free
+    interpret = interpreted(impl, interpret)
     if use_mosaic(impl, op="verify_attention") and (
             impl == "mosaic" or mosaic.unsupported(q.shape, q.dtype, k_cache.shape) is None):
-        return mosaic.verify_attention_mosaic(q, k_cache, v_cache, row_slot, row_pos,
-                                              layer=layer, interpret=interpret)
+        kernel = functools.partial(mosaic.verify_attention_mosaic, interpret=interpret)
+    else:
+        kernel = functools.partial(_verify_attention_triton, interpret=interpret, tuning=tuning)
+    # Tensor parallelism: each device attends with its own query heads to its own KV heads
+    # (engine/sharding.py splits both over the model axis); heads that do not divide stay
+    # whole on every device.
+    m = model_parallel_size()
+    split = q.shape[1] % m == 0 and k_cache.shape[-2] % m == 0
+    heads = P(None, MODEL_AXIS, None) if split else P()
+    cache = P(None, None, None, MODEL_AXIS, None) if split else P()
+    return on_local_shards(
+        lambda q, k, v, s, p, layer: kernel(q, k, v, s, p, layer=layer),
+        (heads, cache, cache, P(), P(), P()), heads,
+    )(q, k_cache, v_cache, row_slot, row_pos, jnp.asarray(layer, jnp.int32))
+
+
+def _verify_attention_triton(q, k_cache, v_cache, row_slot, row_pos, *, layer, interpret: bool,
+                             tuning: AttentionTuning) -> jax.Array:
+    """The Triton kernel: cache [L, N, S, G, D] with ``layer`` given, rows checked by the op."""
     t, num_q, d = q.shape
     _, n, s, g, _ = k_cache.shape
     if d & (d - 1) or d < _MIN_DOT:

@@ -14,6 +14,7 @@ registry's own lazy compiles.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import threading
@@ -151,8 +152,12 @@ class BucketRegistry:
     """Compiled executables keyed by bucket (or (bucket, variant)); `pick(n)` rounds a row
     count up to a bucket. `define` records how to compile a key; `build` compiles it."""
 
-    def __init__(self, name: str, sizes: Iterable[int]):
+    def __init__(self, name: str, sizes: Iterable[int], *, mesh=None):
+        """mesh: the engine's device mesh, if any; its steps are lowered under it
+        (jax.set_mesh), so the Pallas ops can split their kernels over it
+        (pallas_kernels.on_local_shards)."""
         self.name = name
+        self.mesh = mesh
         self.sizes = tuple(sorted(set(sizes)))
         self._compiled: dict[Hashable, Any] = {}
         self._recipes: dict[Hashable, tuple] = {}  # key -> (fn, abstract args, jit kwargs)
@@ -186,8 +191,9 @@ class BucketRegistry:
     def build(self, key: Hashable) -> Any:
         fn, abstract_args, jit_kwargs = self._recipes[key]
         start = time.perf_counter()
-        executable = jax.jit(fn, **jit_kwargs).lower(*abstract_args).compile(
-            compiler_options=compiler_options() or None)
+        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+            lowered = jax.jit(fn, **jit_kwargs).lower(*abstract_args)
+        executable = lowered.compile(compiler_options=compiler_options() or None)
         self._compiled[key] = executable
         self.compile_seconds += time.perf_counter() - start
         return executable

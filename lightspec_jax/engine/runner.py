@@ -196,16 +196,18 @@ class ModelRunner:
                 return fn
             return layout.per_replica(fn, in_specs=(P(), *mine[1:]), out_specs=mine[1])
 
-        self.prefill_registry = BucketRegistry("prefill step", prefill_buckets)
-        self.decode_registry = BucketRegistry("decode step", decode_buckets)
+        mesh = None if layout is None else layout.mesh
+        self.prefill_registry = BucketRegistry("prefill step", prefill_buckets, mesh=mesh)
+        self.decode_registry = BucketRegistry("decode step", decode_buckets, mesh=mesh)
         # Every depth up to K is defined; those the policy does not plan compile on first use.
-        self.draft_registry = BucketRegistry("draft step", range(1, k + 1) if drafter else ())
-        self.write_registry = BucketRegistry("slot write", powers_of_two(n, base=4))
+        self.draft_registry = BucketRegistry("draft step", range(1, k + 1) if drafter else (),
+                                             mesh=mesh)
+        self.write_registry = BucketRegistry("slot write", powers_of_two(n, base=4), mesh=mesh)
         # Floor steps verify one row per slot: the buckets up to N's record instead of commit.
         home = self.decode_registry.pick(n)
         self._floor_buckets = frozenset(b for b in decode_buckets if b <= home and defers)
         self.catch_up_registry = BucketRegistry(
-            "drafter catch-up", powers_of_two(CATCH_UP_WINDOW) if defers else ())
+            "drafter catch-up", powers_of_two(CATCH_UP_WINDOW) if defers else (), mesh=mesh)
         t_abs, d_abs = spec(self._t_leaves), spec(self._d_leaves)
         cache_abs, dcache_abs, state_abs = (spec(x) for x in
                                             (self.cache, self.dcache, self.state))

@@ -76,7 +76,6 @@ def engine_shapes(config: EngineConfig, model, drafter: Drafter | None) -> Engin
     prefill_buckets, layout = config.buckets, None
     if mesh is not None:
         layout = MeshLayout.for_target(mesh, model.config, num_slots=n)
-        _check_mesh_ops(mesh)
         # Each data-parallel replica takes T / D prompt rows and B / D verify rows of its
         # own slots: buckets round up to multiples of D.
         r = layout.replicas
@@ -99,15 +98,3 @@ def _cache_len(max_model_len: int, block: int = 128, granule: int = 16) -> int:
     strips are one block rounded up to ``granule`` (the GPU attention kernel's smallest tile)."""
     step = granule if max_model_len <= block else block
     return -(-max_model_len // step) * step
-
-
-def _check_mesh_ops(mesh) -> None:
-    """On a GPU the ops would run their Pallas kernels, which GSPMD cannot split: running them
-    under shard_map on local shards is not built yet, so a multi-device mesh there needs the
-    jnp reference ops (which GSPMD partitions like any jnp code)."""
-    from lightspec_jax.pallas_kernels._backend import OPS, REFERENCE_OPS_ENV, reference_ops
-
-    if mesh.size > 1 and jax.default_backend() == "gpu" and reference_ops() != frozenset(OPS):
-        raise NotImplementedError(
-            f"serving over a {dict(mesh.shape)} GPU mesh runs the jnp reference ops only (the "
-            f"Pallas kernels under shard_map are not built yet): set {REFERENCE_OPS_ENV}=all")

@@ -33,8 +33,11 @@ budget B is the sum over the replicas. So that B / D rows hold every decoding sl
 busiest replica, the scheduler admits each request to the least-loaded replica and the
 engine sizes B by the busiest one (scheduler.rows_needed); buckets round up to multiples of
 D. A drafter with global statistics (P() leaves of its cache: the n-gram hit rates) drafts
-as one GSPMD program, and may not change them in a split step. The Pallas kernels do not run
-under shard_map yet (engine.py refuses a multi-device GPU mesh without the reference ops).
+as one GSPMD program, and may not change them in a split step. The steps are lowered under
+the mesh (BucketRegistry), so each Pallas op, which GSPMD cannot split, runs its kernel per
+device under a shard_map over 'model' (pallas_kernels.on_local_shards): the attention on the
+device's own query and KV heads, fill / verify / commit on its whole copy of the per-slot
+arrays.
 `assemble_target` builds the placed leaves from per-shard reads
 (checkpoint.qwen3.load_qwen3_sharded: Engine.from_pretrained on a mesh).
 

@@ -11,7 +11,9 @@ the same cost tables and no online refresh, must also plan the same steps and ve
 rows per slot (the fill's top-B is global over the slots); with it, no replica may verify
 more than its B / D rows. Every engine serves with forbid_recompile. Also: each replica's
 fill on its own slots, the n-gram, draft-LM and DFlash drafters at DP=2 against plain
-decoding, the draft LM's floor catch-up at DP=2 (its cache current whenever it drafts), seeded sampling at DP=2 against one device, the bucket floor of an unbalanced DP
+decoding, the draft LM's floor catch-up at DP=2 (its cache current whenever it drafts), seeded
+sampling at DP=2 against one device, the Pallas kernels (interpreted, LIGHTSPEC_KERNELS) inside
+static engines at TP=4 and TP=2 x DP=2 against one device's, the bucket floor of an unbalanced DP
 batch, per-device bytes against the shardings, the collectives and per-device FLOPs of the
 largest verify, prefill and draft steps (per layer: the body of the scan over the layers),
 and configuration errors.
@@ -237,6 +239,8 @@ def main() -> int:
               and np.array_equal(np.asarray(a), np.asarray(b)),
               "a bfloat16 converted checkpoint restored sharded as float32 differs")
     summary["seconds"]["tp2/converted-load"] = round(time.perf_counter() - t0, 2)
+    summary["kernels"] = check_kernels_on_mesh(model, drafter, ref["static"].eos_token_ids,
+                                               cost_path, cases[0])
     summary["fill"] = check_fill()
     summary["floor_rows"] = check_floor(model, ref["plain"].eos_token_ids)
     summary["errors"] = check_errors(model)
@@ -244,6 +248,44 @@ def main() -> int:
     summary["failures"] = failures
     print(json.dumps(summary))
     return 1 if failures else 0
+
+
+def check_kernels_on_mesh(model, drafter, eos, cost_path, case) -> dict:
+    """The Pallas kernels inside the engine (LIGHTSPEC_KERNELS=interpret: every op's kernel,
+    interpreted on this CPU) at TP=4 (KV heads replicated) and TP=2 x DP=2 serve as the
+    single-device engine with the same kernels. Under tensor parallelism each op runs its
+    kernel per device under a shard_map over 'model' (pallas_kernels.on_local_shards): the
+    calls are counted as the steps compile."""
+    from lightspec_jax.pallas_kernels import op_routes
+
+    t0 = time.perf_counter()
+    calls = []
+    real_shard_map = jax.shard_map
+
+    def counting(*args, **kwargs):
+        if kwargs.get("axis_names") == {MODEL}:
+            calls.append(kwargs["in_specs"])
+        return real_shard_map(*args, **kwargs)
+
+    jax.shard_map = counting
+    try:
+        outputs, per_layout = {}, {}
+        with op_routes(kernels="interpret"):
+            for name in ("single", "tp4", "tp2xdp2"):
+                config = EngineConfig(**BASE, **policy_config("static", cost_path),
+                                      **({} if name == "single" else layout_config(name)))
+                before = len(calls)
+                engine = Engine(model, config=config, eos_token_ids=eos, drafter=drafter)
+                outputs[name], _ = serve(engine, recorded(engine), *case)
+                per_layout[name] = len(calls) - before
+    finally:
+        jax.shard_map = real_shard_map
+    for name in ("tp4", "tp2xdp2"):
+        check(outputs[name] == outputs["single"],
+              f"{name} with the Pallas kernels: output differs from one device's")
+        check(per_layout[name] > 0, f"{name}: no kernel ran under a shard_map over 'model'")
+    check(per_layout["single"] == 0, "one device: a kernel was wrapped in a shard_map")
+    return {"shard_maps": per_layout, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def measure_bytes(name: str, engine: Engine) -> dict:

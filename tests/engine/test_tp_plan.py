@@ -70,12 +70,19 @@ def test_qwen3_32b_fit_at_tp8():
 
 def test_decode_step_exports_for_h200s():
     """The engine's decode step exports for CUDA over 4 abstract H200s on a one-CPU machine;
-    the StableHLO carries the shardings, GSPMD adds the collectives when XLA compiles."""
+    the StableHLO carries the shardings, GSPMD adds the collectives when XLA compiles. Every
+    Pallas kernel of the step is in it, each in its own shard_map region over 'model' (GSPMD
+    cannot split a kernel's custom call): fill, the target's attention (all layers: one call
+    in the scan's body), verify, commit."""
     got = tp_plan.export_for_h200(tp_plan.SHAPES["tiny"], tp=4, rows=16, **SIZES)
     assert got["nr_devices"] == 4 and got["platforms"] == ["cuda"]
     # 9 split target parameters (all but the 5 norms) and the K and V caches.
     assert got["inputs_split_over_model"].startswith("11 of ")
     assert not any(got["stablehlo_collectives"].values())
+    assert got["triton_kernels"] == ["lightspec_commit_tokens", "lightspec_fill_layout",
+                                     "lightspec_fill_select", "lightspec_verify",
+                                     "lightspec_verify_attention"]
+    assert got["manual_computations"] == 4
 
 
 @pytest.mark.multidevice

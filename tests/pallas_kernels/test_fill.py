@@ -6,6 +6,7 @@ Axis legend: N slots, K max draft depth, B verify rows.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -221,3 +222,24 @@ def test_reference_ops_override(monkeypatch):
     monkeypatch.setenv("LIGHTSPEC_REFERENCE_OPS", "fil")
     with pytest.raises(ValueError, match="fil"):
         use_pallas(None, op="fill")
+
+
+def test_op_routes_retraces_and_restores(monkeypatch):
+    """op_routes sets the route variables for the block and drops jax's caches on both sides:
+    an op traced before would otherwise be reused whatever the variables say."""
+    import os
+
+    from lightspec_jax.pallas_kernels import KERNELS_ENV, op_routes
+
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    args = (jnp.ones((4, 3)), jnp.full((4,), 3, jnp.int32), jnp.ones((4,), bool))
+
+    def lowered():  # a fresh outer jit each time; fill's own trace is what may be reused
+        return jax.jit(lambda *a: fill(*a, num_rows=6).row_slot).lower(*args).as_text()
+
+    before = lowered()
+    with op_routes(kernels="interpret"):
+        assert os.environ[KERNELS_ENV] == "interpret"
+        inside = lowered()  # the kernel, interpreted: another program
+    assert KERNELS_ENV not in os.environ
+    assert inside != before and lowered() == before
