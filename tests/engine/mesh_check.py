@@ -13,8 +13,8 @@ more than its B / D rows. Every engine serves with forbid_recompile. Also: each 
 fill on its own slots, the n-gram, draft-LM and DFlash drafters at DP=2 against plain
 decoding, the draft LM's floor catch-up at DP=2 (its cache current whenever it drafts), seeded
 sampling at DP=2 against one device, the Pallas kernels (interpreted, LIGHTSPEC_KERNELS) inside
-static engines at TP=4 and TP=2 x DP=2 against one device's, the bucket floor of an unbalanced DP
-batch, per-device bytes against the shardings, the collectives and per-device FLOPs of the
+static engines at TP=4, DP=2 and TP=2 x DP=2 against one device's, the bucket floor of an
+unbalanced DP batch, per-device bytes against the shardings, the collectives and per-device FLOPs of the
 largest verify, prefill and draft steps (per layer: the body of the scan over the layers),
 and configuration errors.
 
@@ -252,7 +252,7 @@ def main() -> int:
 
 def check_kernels_on_mesh(model, drafter, eos, cost_path, case) -> dict:
     """The Pallas kernels inside the engine (LIGHTSPEC_KERNELS=interpret: every op's kernel,
-    interpreted on this CPU) at TP=4 (KV heads replicated) and TP=2 x DP=2 serve as the
+    interpreted on this CPU) at TP=4 (KV heads replicated), DP=2 and TP=2 x DP=2 serve as the
     single-device engine with the same kernels. Under tensor parallelism each op runs its
     kernel per device under a shard_map over 'model' (pallas_kernels.on_local_shards): the
     calls are counted as the steps compile."""
@@ -271,7 +271,7 @@ def check_kernels_on_mesh(model, drafter, eos, cost_path, case) -> dict:
     try:
         outputs, per_layout = {}, {}
         with op_routes(kernels="interpret"):
-            for name in ("single", "tp4", "tp2xdp2"):
+            for name in ("single", "tp4", "dp2", "tp2xdp2"):
                 config = EngineConfig(**BASE, **policy_config("static", cost_path),
                                       **({} if name == "single" else layout_config(name)))
                 before = len(calls)
@@ -280,10 +280,12 @@ def check_kernels_on_mesh(model, drafter, eos, cost_path, case) -> dict:
                 per_layout[name] = len(calls) - before
     finally:
         jax.shard_map = real_shard_map
-    for name in ("tp4", "tp2xdp2"):
+    for name in ("tp4", "dp2", "tp2xdp2"):
         check(outputs[name] == outputs["single"],
               f"{name} with the Pallas kernels: output differs from one device's")
-        check(per_layout[name] > 0, f"{name}: no kernel ran under a shard_map over 'model'")
+        # DP alone: each replica's step is manual over the whole mesh already.
+        check((per_layout[name] > 0) == (name != "dp2"),
+              f"{name}: {per_layout[name]} kernels under a shard_map over 'model'")
     check(per_layout["single"] == 0, "one device: a kernel was wrapped in a shard_map")
     return {"shard_maps": per_layout, "seconds": round(time.perf_counter() - t0, 2)}
 
