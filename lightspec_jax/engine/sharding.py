@@ -199,11 +199,15 @@ class MeshLayout:
 
     def place_target(self, state) -> tuple[list[jax.Array], jax.Array]:
         """The target's leaves, K/V heads repeated `kv_repeat` times, placed by
-        `target_shardings` -> (leaves in `jax.tree.flatten` order, embed [V, H])."""
+        `target_shardings` -> (leaves in `jax.tree.flatten` order, embed [V, H]). K/V leaves
+        that hold the repeated heads already (M of them: a target Engine.from_pretrained read
+        onto the mesh, loading._load_target) are placed as they are."""
         pairs = jax.tree_util.tree_flatten_with_path(state)[0]
         names = [_path_names(path) for path, _ in pairs]
+        m = self.mesh.shape[MODEL]
         leaves = [jnp.repeat(leaf, self.kv_repeat, axis=2)  # [L, H, G*r, D]
-                  if self._repeats_kv(name) else leaf for name, (_, leaf) in zip(names, pairs)]
+                  if self._repeats_kv(name) and np.shape(leaf)[2] * self.kv_repeat == m
+                  else leaf for name, (_, leaf) in zip(names, pairs)]
         leaves = jax.device_put(leaves, self.target_shardings(state))  # repeats keep ndim
         embed = next(x for name, x in zip(names, leaves) if "embed" in name)
         return leaves, embed

@@ -13,10 +13,11 @@ more than its B / D rows. Every engine serves with forbid_recompile. Also: each 
 fill on its own slots, the n-gram, draft-LM and DFlash drafters at DP=2 against plain
 decoding, the draft LM's floor catch-up at DP=2 (its cache current whenever it drafts), seeded
 sampling at DP=2 against one device, the Pallas kernels (interpreted, LIGHTSPEC_KERNELS) inside
-static engines at TP=4, DP=2 and TP=2 x DP=2 against one device's, the bucket floor of an
-unbalanced DP batch, per-device bytes against the shardings, the collectives and per-device FLOPs of the
-largest verify, prefill and draft steps (per layer: the body of the scan over the layers),
-and configuration errors.
+static engines at TP=4, DP=2 and TP=2 x DP=2 against one device's, from_pretrained reading
+each device's slices at TP=2 and (K/V heads repeated) TP=4, the bucket floor of an
+unbalanced DP batch, per-device bytes against the shardings, the collectives and per-device
+FLOPs of the largest verify, prefill and draft steps (per layer: the body of the scan over the
+layers), and configuration errors.
 
 Prints one JSON line (the summary) last; exits 1 if any check failed.
 """
@@ -211,6 +212,22 @@ def main() -> int:
     got_out, _ = serve(engine, recorded(engine), *cases[0])
     check(got_out == want["static"][0][0], "tp2 sharded load: output differs from one device")
     summary["seconds"]["tp2/sharded-load"] = round(time.perf_counter() - t0, 2)
+    # At TP=4 the target's 2 KV heads are repeated: from_pretrained reads each device the
+    # stored head its copy repeats, and the runner places the repeated leaves as they are.
+    t0 = time.perf_counter()
+    config4 = EngineConfig(**BASE, **policy_config("static", cost_path), **layout_config("tp4"))
+    engine4 = Engine.from_pretrained(pair.target, pair.drafter, config=config4)
+    k_proj = engine4.model.layers.k_proj[...]
+    check(k_proj.shape[2] == 4 and len(k_proj.sharding.device_set) == 4
+          and not k_proj.sharding.is_fully_replicated,
+          f"from_pretrained on tp4 loaded k_proj {k_proj.shape} as {k_proj.sharding}")
+    placed = dict(zip(leaf_paths(nnx.state(engine4.model)), engine4.runner._t_leaves))
+    check([x.data.unsafe_buffer_pointer() for x in placed["layers.k_proj"].addressable_shards]
+          == [x.data.unsafe_buffer_pointer() for x in k_proj.addressable_shards],
+          "the runner copied (or repeated again) K/V heads read repeated")
+    got_out, _ = serve(engine4, recorded(engine4), *cases[0])
+    check(got_out == want["static"][0][0], "tp4 sharded load: output differs from one device")
+    summary["seconds"]["tp4/sharded-load"] = round(time.perf_counter() - t0, 2)
     # A converted (orbax) checkpoint restores into the same shardings: the same arrays, bit
     # for bit, each device's slice read by orbax; the runner places nothing more.
     t0 = time.perf_counter()
