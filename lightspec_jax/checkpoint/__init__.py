@@ -39,8 +39,8 @@ def load_qwen3_placed(path: str, layout, *, dtype: str | None = None):
     """A Qwen3 target read straight into a mesh's shardings (engine/sharding.py MeshLayout;
     with repeated K/V heads, M > G, only from a Hugging Face directory), each process reading
     only what its devices hold: a Hugging Face directory slice by slice from its safetensors
-    (qwen3.load_qwen3_sharded), a converted one by orbax into the shardings. Returns (the module, its placed leaves in
-    `jax.tree.leaves` order, the embedding [V, H] among them)."""
+    (qwen3.load_qwen3_sharded), a converted one by orbax into the shardings. Returns (the
+    module, its placed leaves in `jax.tree.leaves` order, the embedding [V, H] among them)."""
     import jax
     from flax import nnx
 
