@@ -36,11 +36,12 @@ def load_qwen3(path: str, *, dtype: str | None = None) -> Qwen3:
 
 
 def load_qwen3_placed(path: str, layout, *, dtype: str | None = None):
-    """A Qwen3 target read straight into a mesh's shardings (engine/sharding.py MeshLayout;
-    with repeated K/V heads, M > G, only from a Hugging Face directory), each process reading
-    only what its devices hold: a Hugging Face directory slice by slice from its safetensors
-    (qwen3.load_qwen3_sharded), a converted one by orbax into the shardings. Returns (the
-    module, its placed leaves in `jax.tree.leaves` order, the embedding [V, H] among them)."""
+    """A Qwen3 target read straight into a mesh's shardings (engine/sharding.py MeshLayout),
+    each process reading only what its devices hold: a Hugging Face directory slice by slice
+    from its safetensors (qwen3.load_qwen3_sharded), a converted one by orbax into the
+    shardings (K/V heads the mesh repeats read whole, then repeated on the devices:
+    MeshLayout.stored_target). Returns (the module, its placed leaves in `jax.tree.leaves`
+    order, the embedding [V, H] among them)."""
     import jax
     from flax import nnx
 
@@ -53,8 +54,8 @@ def load_qwen3_placed(path: str, layout, *, dtype: str | None = None):
     saved = _converted_dtype(path)
     model = abstract_qwen3(read_qwen3_config(path), saved)
     state = nnx.state(model, nnx.Param)
-    model = restore_params(model, path, layout.abstract_target(state))
-    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    model = restore_params(model, path, layout.stored_target(state))
+    leaves = layout.repeat_stored(state, jax.tree.leaves(nnx.state(model, nnx.Param)))
     if dtype is not None and resolve_dtype(dtype) != saved:  # cast where each shard lies
         want = resolve_dtype(dtype)
         leaves = [x.astype(want) for x in leaves]

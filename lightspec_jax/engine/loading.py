@@ -62,22 +62,21 @@ def load_pretrained(target_path: str, drafter_path: str | None, config: EngineCo
 
 
 def _load_target(target_path: str, config: EngineConfig):
-    """The target read straight into the engine's mesh shardings, or None where the whole
-    model is loaded on the host first (no mesh; a converted checkpoint whose K/V heads the
-    mesh repeats, because tensor_parallel_size exceeds them: orbax restores the stored heads
-    only, and the repeat is made on the devices then).
+    """The target read straight into the engine's mesh shardings, or None without a mesh
+    (the whole model is loaded on the host then).
 
     Each process reads only what its devices hold (checkpoint.load_qwen3_placed): the
-    slices of the safetensors tensors of a Hugging Face directory (each device the stored
-    K/V head its copy repeats), or a converted checkpoint's arrays restored by orbax into the
-    shardings; the host holds about one shard at a time. The arrays arrive in the shardings
-    the engine's runner places the target in (MeshLayout.place_target), which then moves
-    nothing.
+    slices of the safetensors tensors of a Hugging Face directory (where tensor_parallel_size
+    exceeds the KV heads, each device the stored K/V head its copy repeats), or a converted
+    checkpoint's arrays restored by orbax into the shardings (there the K/V projections whole
+    on each device, then repeated); the host holds about one shard at a time. The arrays
+    arrive in the shardings the engine's runner places the target in
+    (MeshLayout.place_target), which then moves nothing.
     """
     import jax
     from flax import nnx
 
-    from ..checkpoint import is_converted, load_qwen3_placed
+    from ..checkpoint import load_qwen3_placed
     from ..checkpoint.qwen3 import read_qwen3_config
     from .sharding import MeshLayout, engine_mesh
 
@@ -86,8 +85,6 @@ def _load_target(target_path: str, config: EngineConfig):
         return None
     layout = MeshLayout.for_target(mesh, read_qwen3_config(target_path),
                                    num_slots=config.max_num_seqs)
-    if layout.kv_repeat > 1 and is_converted(target_path):
-        return None
     model, leaves, _ = load_qwen3_placed(target_path, layout, dtype=config.resolved_dtype)
     nnx.update(model, jax.tree.unflatten(jax.tree.structure(nnx.state(model)), leaves))
     return model

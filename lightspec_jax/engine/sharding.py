@@ -225,6 +225,32 @@ class MeshLayout:
             out.append(jax.ShapeDtypeStruct(tuple(shape), leaf.dtype, sharding=sharding))
         return out
 
+    def stored_target(self, state) -> list[jax.ShapeDtypeStruct]:
+        """`abstract_target` as a checkpoint stores it, for orbax to restore into: the K/V
+        heads not repeated. Where the mesh repeats them (M > G) those leaves are replicated:
+        each device reads the whole K/V projections (2 L H G D elements, small beside its
+        shard of the rest) and makes its own copies (`repeat_stored`)."""
+        out = []
+        pairs = jax.tree_util.tree_flatten_with_path(state)[0]
+        for (path, leaf), placed in zip(pairs, self.abstract_target(state)):
+            if self._repeats_kv(_path_names(path)):
+                placed = jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype,
+                                              sharding=self.replicated)
+            out.append(placed)
+        return out
+
+    def repeat_stored(self, state, leaves: list[jax.Array]) -> list[jax.Array]:
+        """Leaves restored in `stored_target`'s shardings -> as `abstract_target` places
+        them: the K/V heads repeated on the devices."""
+        pairs = jax.tree_util.tree_flatten_with_path(state)[0]
+        out = []
+        for (path, _), leaf, placed in zip(pairs, leaves, self.abstract_target(state)):
+            if self._repeats_kv(_path_names(path)):
+                leaf = jax.jit(lambda x: jnp.repeat(x, self.kv_repeat, axis=2),  # [L, H, G*r, D]
+                               out_shardings=placed.sharding)(leaf)
+            out.append(leaf)
+        return out
+
     def assemble_target(self, state, read: Callable[[str, tuple[slice, ...]], np.ndarray]
                         ) -> tuple[list[jax.Array], jax.Array]:
         """`place_target` from shards, without the whole model on the host: read(path, index)

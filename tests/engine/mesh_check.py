@@ -14,10 +14,10 @@ fill on its own slots, the n-gram, draft-LM and DFlash drafters at DP=2 against 
 decoding, the draft LM's floor catch-up at DP=2 (its cache current whenever it drafts), seeded
 sampling at DP=2 against one device, the Pallas kernels (interpreted, LIGHTSPEC_KERNELS) inside
 static engines at TP=4, DP=2 and TP=2 x DP=2 against one device's, from_pretrained reading
-each device's slices at TP=2 and (K/V heads repeated) TP=4, the bucket floor of an
-unbalanced DP batch, per-device bytes against the shardings, the collectives and per-device
-FLOPs of the largest verify, prefill and draft steps (per layer: the body of the scan over the
-layers), and configuration errors.
+each device's slices at TP=2 and (K/V heads repeated) TP=4, from a converted checkpoint too,
+the bucket floor of an unbalanced DP batch, per-device bytes against the shardings, the
+collectives and per-device FLOPs of the largest verify, prefill and draft steps (per layer:
+the body of the scan over the layers), and configuration errors.
 
 Prints one JSON line (the summary) last; exits 1 if any check failed.
 """
@@ -256,6 +256,17 @@ def main() -> int:
               and np.array_equal(np.asarray(a), np.asarray(b)),
               "a bfloat16 converted checkpoint restored sharded as float32 differs")
     summary["seconds"]["tp2/converted-load"] = round(time.perf_counter() - t0, 2)
+    # At TP=4 (K/V heads repeated) orbax restores the stored K/V heads whole on each device and
+    # they are repeated there: the same placed leaves as read from the safetensors.
+    t0 = time.perf_counter()
+    restored4 = Engine.from_pretrained(converted, pair.drafter, config=config4)
+    for a, b in zip(restored4.runner._t_leaves, engine4.runner._t_leaves):
+        check(a.shape == b.shape and a.sharding == b.sharding and bool((a == b).all()),
+              f"tp4 converted load: a leaf {a.shape} {a.sharding} differs from the safetensors "
+              f"one {b.shape} {b.sharding}")
+    got_out, _ = serve(restored4, recorded(restored4), *cases[0])
+    check(got_out == want["static"][0][0], "tp4 converted load: output differs from one device")
+    summary["seconds"]["tp4/converted-load"] = round(time.perf_counter() - t0, 2)
     summary["kernels"] = check_kernels_on_mesh(model, drafter, ref["static"].eos_token_ids,
                                                cost_path, cases[0])
     summary["fill"] = check_fill()
