@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._backend import pow2_at_least
+
 
 class RowChunks(NamedTuple):
     """i32[C] each: first row, rows (0: unused chunk), slot, largest position of its rows.
@@ -30,6 +32,19 @@ class RowChunks(NamedTuple):
     rows: jax.Array
     slot: jax.Array
     max_pos: jax.Array
+
+
+def rows_per_chunk(num_rows: int, num_slots: int, heads_pad: int, *, min_query_rows: int,
+                   max_query_rows: int) -> int:
+    """R: about the rows per request (T/N, a power of two), with the program's query tile
+    M = R * Qp within [min_query_rows, max_query_rows] (as far as Qp allows).
+
+    Fewer rows per request than R wastes MMA work on other requests' rows; more splits a
+    request into several chunks that each re-read its KV.
+    """
+    low = max(1, min_query_rows // heads_pad)
+    high = max(low, max_query_rows // heads_pad)
+    return min(max(pow2_at_least(-(-num_rows // num_slots), 1), low), high)
 
 
 def num_chunks(num_rows: int, num_slots: int, rows_per_chunk: int) -> int:

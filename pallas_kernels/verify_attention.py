@@ -12,9 +12,9 @@ verify_attention_mosaic.py where LIGHTSPEC_MOSAIC_OPS asks for it; elsewhere
 too reads only the live context.
 
 The GPU kernel is laid out for the verify batch: rows are ordered by (slot, offset), so each
-request's rows are contiguous. The wrapper cuts them into *chunks*, runs of at most R rows of
-one slot, and each program (chunk, KV head) streams that slot's K/V blocks once for all of its
-rows and all Q/G query heads of the KV head - a request's KV is read once per step (twice only
+request's rows are contiguous. The wrapper cuts them into *chunks* (_row_chunks.py), runs of
+at most R rows of one slot, and each program (chunk, KV head) streams that slot's K/V blocks
+once for all of its rows and all Q/G query heads of the KV head - a request's KV is read once per step (twice only
 when it has more than R rows). The loop stops at the block holding the chunk's largest position,
 and the last block's loads are masked there, so neither compute nor bandwidth goes to the unused
 tail of the strip and stale (even NaN) entries are never touched. Online softmax in fp32 as in
@@ -50,6 +50,7 @@ from ._backend import (
     use_mosaic,
     use_pallas,
 )
+from . import _row_chunks
 from ._row_chunks import chunk_rows, query_tiles, rows_from_tiles
 
 # Finite, so a fully masked row never produces inf - inf = NaN inside the online softmax.
@@ -223,14 +224,9 @@ def _verify_attention_kernel(
 
 
 def rows_per_chunk(num_rows: int, num_slots: int, heads_pad: int, tuning: AttentionTuning) -> int:
-    """R: about the rows per request (T/N, a power of two), with M = R * Qp within the tuning.
-
-    Fewer rows per request than R wastes MMA work on other requests' rows; more splits a
-    request into several chunks that each re-read its KV.
-    """
-    low = max(1, _MIN_DOT // heads_pad)
-    high = max(low, tuning.max_query_rows // heads_pad)
-    return min(max(pow2_at_least(-(-num_rows // num_slots), 1), low), high)
+    """R for the Triton kernel: its tile M = R * Qp from tl.dot's 16 to the tuning's limit."""
+    return _row_chunks.rows_per_chunk(num_rows, num_slots, heads_pad, min_query_rows=_MIN_DOT,
+                                      max_query_rows=tuning.max_query_rows)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "interpret", "tuning"))

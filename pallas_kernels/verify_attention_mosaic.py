@@ -47,6 +47,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ._backend import pow2_at_least
+from . import _row_chunks
 from ._row_chunks import chunk_rows, query_tiles, rows_from_tiles
 
 # Query rows (rows x padded heads) of one program: a warpgroup's WGMMA tile height, or two.
@@ -231,14 +232,11 @@ def _body(
 
 
 def rows_per_chunk(num_rows: int, num_slots: int, heads_pad: int) -> int:
-    """R: about the rows per request (T/N, a power of two), with M = R * Qp in [64, 128].
-
-    So a verify step's request (up to K+1 = 16 rows) is one chunk, its KV read once, wherever
-    M = 128 allows (Qp <= 8 at 16 rows); M = 64 otherwise: fewer live rows per tile cost MMA
-    work, and a second warpgroup-tile of accumulators costs registers.
-    """
-    low, high = BLOCK_Q_MIN // heads_pad, BLOCK_Q_MAX // heads_pad
-    return min(max(pow2_at_least(-(-num_rows // num_slots), 1), low), high)
+    """R for the Mosaic kernel: M = R * Qp in [64, 128]. So a verify step's request (up to
+    K+1 = 16 rows) is one chunk, its KV read once, wherever M = 128 allows (Qp <= 8 at 16
+    rows); M = 64 otherwise: a second warpgroup tile of accumulators costs registers."""
+    return _row_chunks.rows_per_chunk(num_rows, num_slots, heads_pad,
+                                      min_query_rows=BLOCK_Q_MIN, max_query_rows=BLOCK_Q_MAX)
 
 
 def verify_attention_mosaic(q, k_cache, v_cache, row_slot, row_pos, *, layer,
