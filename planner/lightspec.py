@@ -317,7 +317,14 @@ class LightSpecPlanner(BasePlanner):
         tokens = np.clip(g.u * g.progress, n, full[:, None])  # [D, C]
         if self.options.calibrate_tokens:  # the bonus tokens are certain; the drafts are not
             tokens = n + self.tokens.factors(depths)[:, None] * (tokens - n)
-        j = np.where(g.valid, g.step_ms * g.scales / tokens, np.inf)
+        useful = g.valid
+        if depths[0] == 0:
+            # Beside the floor, a depth whose fill verifies no draft row (u = N) only pays for
+            # drafting: it is never a choice, whatever the calibration's noise prices it at
+            # (math, n-gram, c = 16: depths 1-7 at u = N came within 2% of the floor, and
+            # the engine drafted to verify nothing on 4 steps in 10).
+            useful = useful & ((depths == 0)[:, None] | (g.u > n))
+        j = np.where(useful, g.step_ms * g.scales / tokens, np.inf)
         best_by_depth = j.min(axis=1).tolist()  # [D]
         best_depth, best_j = int(depths[0]), math.inf
         for depth, value in zip(depths.tolist(), best_by_depth):

@@ -396,19 +396,23 @@ def test_request_ends_cap_the_fill_and_the_next_depth():
     assert p.stats.survival[4] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("commit_ms, depth", [(0.01, 1), (0.2, 0)])
-def test_floor_needs_a_margin_over_depth_one(commit_ms, depth):
-    """Nothing accepted: a depth-1 proposal (its first token comes with the commit forward,
-    as Eagle3's) verified at one row per request costs the floor plus the commit forward.
-    Within the 2% margin the floor loses (it would forfeit the next step's proposal for
-    nothing); past it, it wins."""
+@pytest.mark.parametrize("hits, depth", [(0, 0), (3, 0), (4, 1)])
+def test_floor_needs_a_margin_over_a_useful_depth(hits, depth):
+    """8 requests, `hits` of them accepting their first draft, drafting near-free (0.01 ms):
+    depth 1 verified at 16 rows prices 2.5% (3 hits) or 1% (4 hits) above the floor. Within
+    the 2% margin the floor loses (it would forfeit the next proposal and what it teaches);
+    past it, it wins. With nothing accepted, depth 1 verified at one row per request - no
+    draft verified, only drafting paid for - is no choice at all, however cheap drafting is."""
     s = PlannerSpec(verify_buckets=tuple(range(1, 33)), draft_depths=(1, 2, 3), max_depth=3,
                     floor=True)
     p = make_planner("dynamic", s, target_costs=CostTable({b: 1.0 + 0.2 * b for b in range(1, 33)}),
-                     draft_costs=CostTable({b: commit_ms for b in range(1, 33)}),
+                     draft_costs=CostTable({b: 0.01 for b in range(1, 33)}),
                      explore_fraction=0.0)
-    warm(p, n=4)
-    for _ in range(10):
-        plan = p.plan(num_requests=4)
-        observe(p, plan, np.ones(4, int))
-    assert p.plan(num_requests=4).draft_depth == depth
+    warm(p, n=8)
+    for _ in range(30):
+        plan = p.plan(num_requests=8)
+        accept = np.ones(8, int)
+        accept[:hits] = min(2, plan.verified_depth + 1)
+        observe(p, plan, accept)
+    plan = p.plan(num_requests=8)
+    assert plan.draft_depth == depth
