@@ -125,3 +125,50 @@ def test_host_samples_come_from_decode_work_alone(target_dir, monkeypatch):
     assert seen["steps"] >= 2 and seen["samples"] >= 10 and seen["with_prompt"] >= 1
     host = planner.host_draft_costs
     assert not host.is_empty and host.estimate(2) < 200.0
+
+
+def test_floor_steps_feed_the_planner_one_in_floor_timed(spec_engines, monkeypatch):
+    """A floor step (nothing verified, nothing drafted) teaches the planner only what steps
+    cost, so one floor step in FLOOR_TIMED is a timing sample (device interval, period) and
+    the others skip the planner's bookkeeping, a share of a cheap step's host time."""
+    import dataclasses
+    import math
+
+    from lightspec_jax.engine.planning import FLOOR_TIMED
+
+    assert FLOOR_TIMED > 1
+    engine = spec_engines("ngram_k4")
+    planner = engine.planner
+    decide = planner._next_depth
+
+    def floor_only(costs, n):
+        decide(costs, n)  # stage 2 still prices its grid, which the rest of plan() reads
+        return 0, 1.0
+    monkeypatch.setattr(planner, "_next_depth", floor_only)
+    monkeypatch.setattr(planner, "options",
+                        dataclasses.replace(planner.options, explore_fraction=0.0))
+    at_floor = lambda plan: plan.verified_depth == 0 and plan.draft_depth == 0  # noqa: E731
+    seen = {"floor": 0, "intervals": 0, "periods": 0}
+    observe, observe_period = planner.observe, planner.observe_period
+
+    def counted_observe(obs):
+        seen["intervals"] += at_floor(obs.plan) and obs.step_ms is not None
+        return observe(obs)
+
+    def counted_period(*, plan, period_ms):
+        seen["periods"] += at_floor(plan)
+        return observe_period(plan=plan, period_ms=period_ms)
+    monkeypatch.setattr(planner, "observe", counted_observe)
+    monkeypatch.setattr(planner, "observe_period", counted_period)
+    observer = lambda e: seen.__setitem__(  # noqa: E731
+        "floor", seen["floor"] + (e.record.num_requests > 0 and at_floor(e.plan)))
+    engine.add_step_observer(observer)
+    try:
+        rng = np.random.default_rng(2)
+        prompts = [rng.integers(2, 250, size=6).tolist() for _ in range(6)]
+        engine.generate(prompts, SamplingParams(max_tokens=30, ignore_eos=True))
+    finally:
+        engine.remove_step_observer(observer)
+    assert seen["floor"] >= 25  # not vacuous: a run at the floor, timed now and then
+    assert 1 <= seen["periods"] <= math.ceil(seen["floor"] / FLOOR_TIMED)
+    assert seen["intervals"] <= math.ceil(seen["floor"] / FLOOR_TIMED)
