@@ -13,7 +13,9 @@ A variant is [label=]policy[,option=value...]; option values parse as Python lit
 false and none also work). `force_depth=D` makes the dynamic planner draft D after every step
 and turns its probes off (what the free choice costs against a fixed depth in the same engine).
 `catch_up=false` makes a drafter that catches up (the draft LM, `--drafter`) commit at every
-step instead, floor steps included (what the floor's catch-up saves). `planner_at=REV` builds
+step instead, floor steps included (what the floor's catch-up saves). `floor_timed=N` makes one
+floor step in N a timing sample for the planner (engine.planning.FLOOR_TIMED; 1: every one).
+`planner_at=REV` builds
 the variant's planner from the planner package at git revision REV (planner_replay.planner_at),
 so a planner change runs against its predecessor in one process:
 
@@ -54,6 +56,7 @@ class Variant:
     force_depth: int | None = None
     catch_up: bool = True  # False: the drafter commits at every step (Drafter.catches_up)
     planner_at: str | None = None  # a git revision whose planner package plans (None: today's)
+    floor_timed: int | None = None  # one floor step in N timed (None: the engine's FLOOR_TIMED)
 
 
 def parse_variant(text: str) -> Variant:
@@ -67,7 +70,7 @@ def parse_variant(text: str) -> Variant:
     name, k = parse_policy(policy)
     if name != "none" and k is None:
         k = 7
-    options, force, catch_up, revision = {}, None, True, None
+    options, force, catch_up, revision, timed = {}, None, True, None, None
     for item in rest:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -86,14 +89,19 @@ def parse_variant(text: str) -> Variant:
             force = int(parsed)
         elif key == "catch_up":
             catch_up = bool(parsed)
+        elif key == "floor_timed":
+            timed = int(parsed)
+            if timed < 1:
+                raise argparse.ArgumentTypeError(f"variant {text!r}: floor_timed must be >= 1")
         else:
             options[key] = parsed
-    if (options or force is not None or not catch_up or revision) and name not in ("dynamic",
+    if (options or force is not None or not catch_up or revision or timed) and name not in ("dynamic",
                                                                                    "dspark"):
         raise argparse.ArgumentTypeError(f"variant {text!r}: planner options apply to dynamic "
                                          "and dspark policies only")
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,
-                   force_depth=force, catch_up=catch_up, planner_at=revision)
+                   force_depth=force, catch_up=catch_up, planner_at=revision,
+                   floor_timed=timed)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
@@ -117,6 +125,8 @@ def build(variant: Variant, args, concurrency: int, longest: int):
         DraftLMDrafter.catches_up = True
     if variant.force_depth is not None:
         force_depth(engine, variant.force_depth, variant.label)
+    if variant.floor_timed is not None and engine.planning.feedback is not None:
+        engine.planning.feedback.floor_timed = variant.floor_timed
     return engine
 
 

@@ -35,8 +35,11 @@ def test_variants_parse_labels_options_and_a_forced_depth(bench):
     assert bench.parse_variant("none").depth == 0
     assert bench.parse_variant("dynamic:7").catch_up
     assert not bench.parse_variant("commit=dynamic:7,catch_up=false").catch_up
+    assert bench.parse_variant("dynamic:7").floor_timed is None
+    assert bench.parse_variant("every=dynamic:7,floor_timed=1").floor_timed == 1
     for bad in ("static:3,calibrate=false", "dynamic:7,calibrate", "dynamic:7,x=abc",
-                "dynamc:7", "static:3,catch_up=false"):
+                "dynamc:7", "static:3,catch_up=false", "dynamic:7,floor_timed=0",
+                "static:3,floor_timed=2"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_variant(bad)
 
