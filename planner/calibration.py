@@ -99,6 +99,11 @@ class StepCalibration:
         cell = self._cells.get((int(bucket), int(depth)))
         return 0 if cell is None else cell[1]
 
+    def depth_samples(self, depth: int) -> int:
+        """Periods seen at `depth`, over every bucket."""
+        return sum(cell[1] for key, cell in self._cells.items()
+                   if isinstance(key, tuple) and key[1] == depth)
+
     def _shrunk(self, key, step: int) -> float:
         """The regime's mean, weighed against the mean over every step by its sample count."""
         common = self._mean("all", step)

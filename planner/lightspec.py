@@ -319,11 +319,15 @@ class LightSpecPlanner(BasePlanner):
             tokens = n + self.tokens.factors(depths)[:, None] * (tokens - n)
         useful = g.valid
         if depths[0] == 0:
-            # Beside the floor, a depth whose fill verifies no draft row (u = N) only pays for
-            # drafting: it is never a choice, whatever the calibration's noise prices it at
-            # (math, n-gram, c = 16: depths 1-7 at u = N came within 2% of the floor, and
-            # the engine drafted to verify nothing on 4 steps in 10).
-            useful = useful & ((depths == 0)[:, None] | (g.u > n))
+            # Beside the floor, depth d is a choice only with a fill that reaches its level d:
+            # more rows than a full proposal one shallower holds (N at d = 1). With fewer, the
+            # fill verifies what depth d - 1 would and pays for deeper drafting - at d = 1 it
+            # verifies no draft at all - yet the calibration's noise priced such cells within
+            # the floor's 2% margin (math, n-gram, c = 16: the engine drafted depths 1-7 to
+            # verify nothing on 4 steps in 10).
+            shallower = np.minimum(full_rows(n, np.maximum(depths - 1, 0), room),
+                                   self.spec.max_requests)  # [D]
+            useful = useful & ((depths == 0)[:, None] | (g.u > shallower[:, None]))
         j = np.where(useful, g.step_ms * g.scales / tokens, np.inf)
         best_by_depth = j.min(axis=1).tolist()  # [D]
         best_depth, best_j = int(depths[0]), math.inf
@@ -342,8 +346,9 @@ class LightSpecPlanner(BasePlanner):
 
     def _rival(self, best_depth: int, best_j: float) -> int | None:
         """A depth to visit instead of the best, so the whole-step calibration measures it:
-        the closest rival within `rival_window` of the best price whose (bucket, depth) cell
-        has fewer than 4 periods, at most once every `min_probe_interval` steps. A rival the
+        of the depths priced within `rival_window` of the best whose (bucket, depth) cell has
+        fewer than 4 periods, the least measured (then the cheapest), at most once every
+        `min_probe_interval` steps. A rival the
         model prices close may really be the better one (the model adds host time that the
         loop partly hides); this is how the calibration gets to compare them."""
         window = self.options.rival_window
@@ -352,14 +357,19 @@ class LightSpecPlanner(BasePlanner):
                 or self.steps - self._last_rival_step < self.options.min_probe_interval):
             return None
         depths, buckets, j = self._by_depth
-        close = [(value, int(d), int(b)) for d, b, value in zip(depths.tolist(), buckets.tolist(),
-                                                                 j)
+        cal = self.calibration
+        close = [(cal.depth_samples(d), value, int(d))
+                 for d, b, value in zip(depths.tolist(), buckets.tolist(), j)
                  if d != best_depth and value <= best_j * (1.0 + window)
-                 and self.calibration.samples(b, d) < 4]
+                 and cal.samples(b, d) < 4]
         if not close:
             return None
         self._last_rival_step = self.steps
-        return min(close)[1]
+        # The least measured depth first, the cheapest among equals: a depth whose best bucket
+        # moves as the calibration learns offers a fresh cell at each move, and taking the
+        # cheapest rival kept such cells ahead of a floor never measured (priced by the common
+        # bias alone) through 400 steps of drafting that ran 40% over its price.
+        return min(close)[2]
 
     def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
         """Depth of a probe to start now, or 0 if none is due or affordable."""

@@ -416,3 +416,22 @@ def test_floor_needs_a_margin_over_a_useful_depth(hits, depth):
         observe(p, plan, accept)
     plan = p.plan(num_requests=8)
     assert plan.draft_depth == depth
+
+
+def test_a_depth_is_chosen_only_with_a_fill_that_reaches_it():
+    """One request, rows past 3 priced out: the fill verifies at most 2 drafts, so depths 3-7
+    verify what depth 2 does and only draft more. Even when the token calibration favours
+    deeper proposals (here 1 + 0.05 d, as a lucky run of deep steps can leave it), the next
+    depth is at most 2: a depth is a choice only with a fill that reaches its deepest level."""
+    buckets = tuple(range(1, 9))
+    s = PlannerSpec(verify_buckets=buckets, draft_depths=tuple(range(1, 8)), max_depth=7,
+                    floor=True)
+    p = make_planner("dynamic", s,
+                     target_costs=CostTable({b: 1.0 if b <= 3 else 100.0 for b in buckets}),
+                     draft_costs=CostTable({b: 0.01 for b in buckets}), explore_fraction=0.0)
+    p.tokens.factors = lambda depths: 1.0 + 0.05 * np.asarray(depths, dtype=float)
+    warm(p, n=1)
+    for _ in range(10):
+        plan = p.plan(num_requests=1)
+        observe(p, plan, np.array([plan.verified_depth + 1]))  # every draft accepted
+    assert p.plan(num_requests=1).draft_depth == 2
