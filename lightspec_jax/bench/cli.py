@@ -231,14 +231,21 @@ profiles, step times from an H200 roofline or a cost-table file; no model runs.
 
 
 def settings(args) -> dict:
-    """Every option as given (paths absolute), for the JSON."""
+    """Every option as given, for the JSON; paths under the working directory relative to it
+    (a result kept in a repository names no folder of the machine that ran it), others
+    absolute."""
     out = {k: v for k, v in vars(args).items() if k != "command"}
     for key in ("target", "drafter", "out"):
         if isinstance(out.get(key), list):
-            out[key] = [p if p == "ngram" else os.path.abspath(p) for p in out[key]]
+            out[key] = [p if p == "ngram" else _recorded_path(p) for p in out[key]]
         elif out.get(key) and out[key] != "ngram":
-            out[key] = os.path.abspath(out[key])
+            out[key] = _recorded_path(out[key])
     return out
+
+
+def _recorded_path(path: str) -> str:
+    here, full = os.getcwd(), os.path.abspath(path)
+    return os.path.relpath(full, here) if os.path.commonpath([here, full]) == here else full
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from lightspec_jax.assets import tiny_pair
-from lightspec_jax.bench.cli import build_parser, main
+from lightspec_jax.bench.cli import build_parser, main, settings
 from lightspec_jax.bench.policies import parse_policy, policy_arg
 from lightspec_jax.bench.report import LEGEND, interpret, ranking, serve_table, versions
 from lightspec_jax.bench.serve import GROUP_ENGINES, engine_groups, prefill_buckets
@@ -278,3 +278,16 @@ def test_engine_groups_bound_the_engines_alive():
     assert engine_groups([plain], ["a"]) == [[plain]]
     few = [plain] + spec[:3]
     assert engine_groups(few, ["a"]) == [few]  # one drafter, few policies: one group
+
+
+def test_settings_name_paths_under_the_working_directory_relative_to_it(tmp_path, monkeypatch):
+    """A serve.json kept in a repository names no folder of the machine that wrote it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pair").mkdir()
+    args = argparse.Namespace(command="serve", target=str(tmp_path / "pair" / "target"),
+                              drafter=["ngram", "pair/drafter", "/elsewhere/dflash"],
+                              out="results/run")
+    s = settings(args)
+    assert s["target"] == "pair/target" and s["out"] == "results/run"
+    assert s["drafter"] == ["ngram", "pair/drafter", "/elsewhere/dflash"]
+    assert "command" not in s
