@@ -15,9 +15,8 @@ and turns its probes off (what the free choice costs against a fixed depth in th
 `catch_up=false` makes a drafter that catches up (the draft LM, `--drafter`) commit at every
 step instead, floor steps included (what the floor's catch-up saves). `floor_timed=N` makes one
 floor step in N a timing sample for the planner (engine.planning.FLOOR_TIMED; 1: every one).
-`planner_at=REV` builds
-the variant's planner from the planner package at git revision REV (planner_replay.planner_at),
-so a planner change runs against its predecessor in one process:
+`planner_at=REV` builds the variant's planner from the planner package at git revision REV
+(planner_replay.planner_at), so a planner change runs against its predecessor in one process:
 
     python benchmarks/policy_ab.py --workload math --concurrency 64 --num-prompts 256 \
         old=dynamic:7,planner_at=HEAD new=dynamic:7
@@ -95,8 +94,8 @@ def parse_variant(text: str) -> Variant:
                 raise argparse.ArgumentTypeError(f"variant {text!r}: floor_timed must be >= 1")
         else:
             options[key] = parsed
-    if (options or force is not None or not catch_up or revision or timed) and name not in ("dynamic",
-                                                                                   "dspark"):
+    tuned = options or force is not None or not catch_up or revision or timed
+    if tuned and name not in ("dynamic", "dspark"):
         raise argparse.ArgumentTypeError(f"variant {text!r}: planner options apply to dynamic "
                                          "and dspark policies only")
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,

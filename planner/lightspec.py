@@ -7,7 +7,8 @@ committed token (lightspec-algorithm.md §5-6; ModelTC/LightLLM `mtp_speculative
   exists, so the draft is priced at d_prev; ties go to the smaller u;
 * stage 2 (next depth): d minimising min_u' J(N, u', d) over all allowed d with u' up to the
   full width N(d+1). It does not depend on stage 1, so a shallow proposal cannot trap the
-  planner at low depth; ties go to the smaller d;
+  planner at low depth; ties go to the smaller d; beside the floor (ours), u' must reach
+  level d - more rows than a full depth d - 1 proposal - or d verifies what d - 1 would;
 * cold start: full width and the deepest depth until costs and a progress sample exist
   (a moderate depth, at most 3, while there are no costs at all).
 
@@ -348,9 +349,9 @@ class LightSpecPlanner(BasePlanner):
         """A depth to visit instead of the best, so the whole-step calibration measures it:
         of the depths priced within `rival_window` of the best whose (bucket, depth) cell has
         fewer than 4 periods, the least measured (then the cheapest), at most once every
-        `min_probe_interval` steps. A rival the
-        model prices close may really be the better one (the model adds host time that the
-        loop partly hides); this is how the calibration gets to compare them."""
+        `min_probe_interval` steps. A rival the model prices close may really be the better
+        one (the model adds host time that the loop partly hides); this is how the
+        calibration gets to compare them."""
         window = self.options.rival_window
         if (not self.options.calibrate or window <= 0.0 or not math.isfinite(best_j)
                 or self.options.explore_fraction <= 0.0  # exploration off: no visits either
