@@ -359,8 +359,7 @@ class LightSpecPlanner(BasePlanner):
             return None
         depths, buckets, j = self._by_depth
         cal = self.calibration
-        close = [(cal.depth_samples(d), value, int(d))
-                 for d, b, value in zip(depths.tolist(), buckets.tolist(), j)
+        close = [(value, int(d)) for d, b, value in zip(depths.tolist(), buckets.tolist(), j)
                  if d != best_depth and value <= best_j * (1.0 + window)
                  and cal.samples(b, d) < 4]
         if not close:
@@ -370,7 +369,7 @@ class LightSpecPlanner(BasePlanner):
         # moves as the calibration learns offers a fresh cell at each move, and taking the
         # cheapest rival kept such cells ahead of a floor never measured (priced by the common
         # bias alone) through 400 steps of drafting that ran 40% over its price.
-        return min(close)[2]
+        return min((cal.depth_samples(d), value, d) for value, d in close)[2]
 
     def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
         """Depth of a probe to start now, or 0 if none is due or affordable."""

@@ -167,6 +167,11 @@ class StepPlan:
         """True for an exploration step (full-width verify that refreshes deep statistics)."""
         return self.reason == "probe"
 
+    @property
+    def at_floor(self) -> bool:
+        """True for a floor step: it verifies no proposal and drafts none."""
+        return self.verified_depth == 0 and self.draft_depth == 0
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class StepObservation:

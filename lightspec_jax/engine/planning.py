@@ -179,7 +179,7 @@ class PlannerFeedback:
         Returns the ms the planner spent observing (plan time of the step)."""
         c, plan = columns, flight.plan
         step_ms = None
-        if plan.verified_depth == 0 and plan.draft_depth == 0:
+        if plan.at_floor:
             self._timed = self._floor_steps % self.floor_timed == 0
             self._floor_steps += 1
         else:

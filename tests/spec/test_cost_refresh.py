@@ -147,21 +147,20 @@ def test_floor_steps_feed_the_planner_one_in_floor_timed(spec_engines, monkeypat
     monkeypatch.setattr(planner, "_next_depth", floor_only)
     monkeypatch.setattr(planner, "options",
                         dataclasses.replace(planner.options, explore_fraction=0.0))
-    at_floor = lambda plan: plan.verified_depth == 0 and plan.draft_depth == 0  # noqa: E731
     seen = {"floor": 0, "intervals": 0, "periods": 0}
     observe, observe_period = planner.observe, planner.observe_period
 
     def counted_observe(obs):
-        seen["intervals"] += at_floor(obs.plan) and obs.step_ms is not None
+        seen["intervals"] += obs.plan.at_floor and obs.step_ms is not None
         return observe(obs)
 
     def counted_period(*, plan, period_ms):
-        seen["periods"] += at_floor(plan)
+        seen["periods"] += plan.at_floor
         return observe_period(plan=plan, period_ms=period_ms)
     monkeypatch.setattr(planner, "observe", counted_observe)
     monkeypatch.setattr(planner, "observe_period", counted_period)
     observer = lambda e: seen.__setitem__(  # noqa: E731
-        "floor", seen["floor"] + (e.record.num_requests > 0 and at_floor(e.plan)))
+        "floor", seen["floor"] + (e.record.num_requests > 0 and e.plan.at_floor))
     engine.add_step_observer(observer)
     try:
         rng = np.random.default_rng(2)
