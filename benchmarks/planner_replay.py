@@ -68,8 +68,8 @@ def record(args) -> None:
 
     planning_module.make_planner = capture
     try:
-        engine = build_engine(types.SimpleNamespace(target=f"{pair}/target",
-                                                    drafter=f"{pair}/{args.drafter}",
+        drafter = args.drafter if args.drafter == "ngram" else f"{pair}/{args.drafter}"
+        engine = build_engine(types.SimpleNamespace(target=f"{pair}/target", drafter=drafter,
                                                     dtype="float32"),
                               policy="dynamic", depth=args.depth, concurrency=args.concurrency,
                               max_model_len=longest + args.max_tokens + 1,
@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--depth", type=int, default=7)
     rec.add_argument("--pair", default="lightspec_jax/assets/tiny-pair",
                      help="the shipped pair's folder (target/ and the drafter beside it)")
-    rec.add_argument("--drafter", default="drafter", help="the drafter's folder in the pair")
+    rec.add_argument("--drafter", default="drafter",
+                     help="the drafter's folder in the pair, or ngram (prompt lookup, no model)")
     rec.add_argument("--out", required=True)
     rep = sub.add_parser("replay", help="time the planner on recorded calls")
     rep.add_argument("recordings", nargs="+")
