@@ -19,7 +19,7 @@ from .baselines import DSparkPlanner, StaticPlanner
 from .costs import CostTable
 from .lightspec import LightSpecPlanner
 from .objective import draft_cost_ms
-from .options import LightSpecOptions
+from .options import SERVING_REUSE, LightSpecOptions
 from .stats import AcceptanceStats
 from .types import (DrafterKind, PlannerSpec, StepObservation, StepPlan,
                     geometric_buckets)
@@ -72,6 +72,7 @@ def _check_options(kind: str, options: dict, allowed: set[str]) -> None:
 
 __all__ = [
     "AcceptanceStats", "BasePlanner", "CostTable", "DSparkPlanner", "DrafterKind",
-    "LightSpecOptions", "LightSpecPlanner", "PLANNER_KINDS", "PlannerSpec", "StaticPlanner",
-    "StepObservation", "StepPlan", "draft_cost_ms", "geometric_buckets", "make_planner",
+    "LightSpecOptions", "LightSpecPlanner", "PLANNER_KINDS", "PlannerSpec", "SERVING_REUSE",
+    "StaticPlanner", "StepObservation", "StepPlan", "draft_cost_ms", "geometric_buckets",
+    "make_planner",
 ]

@@ -29,6 +29,12 @@ estimates), an autoregressive drafter's stage is priced on its line in depth rat
 noisy single cells (objective._depth_line), and the survival learns from trimmed steps at the
 depths every request verified, from a weak prior (stats.py, survival.py).
 
+Deciding is most of plan()'s host time, so a decision may serve the next few steps of nearly
+the same shape (`replan_every`, grown at the floor up to `replan_limit`; the engine's
+SERVING_REUSE) - but only while the host's time counts: an overlapped loop that hides the
+step's host work under its device work with room to spare (`hidden_host_share`) decides
+every step, from the latest statistics.
+
 Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
 planner trims or drafts shallow, deeper positions are verified only for confident requests or
 not at all, and their full-width survival stops being refreshed; if acceptance then rises, the
@@ -159,24 +165,40 @@ class LightSpecPlanner(BasePlanner):
         # A probe or a rival's visit is one step's decision, never reused.
         self._decided = None
         if not (probing or self._probe_depth or rival is not None):
-            self._decide(n, d_prev, depth, (fill, step_ms, tokens))
+            self._decide(n, d_prev, depth, (fill, step_ms, tokens), costs)
         self._stage2 = None  # priced for this call only
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
                           predicted_ms=step_ms, predicted_tokens=tokens)
 
-    def _decide(self, n: int, d_prev: int, depth: int, now: tuple[int, float, float]) -> None:
+    def _decide(self, n: int, d_prev: int, depth: int, now: tuple[int, float, float],
+                costs: StepCosts) -> None:
         """Keeps a fresh decision for _reuse. The steps that reuse it verify proposals of the
         chosen depth, so what they verify is stage 2's answer for that depth (`now`, this
         step's, when the depth stays): keyed by the verified depth, a decision that changed
         the depth was never reused by the step after it, and at c = 1, where the depth
-        changes often, over half the steps decided afresh."""
+        changes often, over half the steps decided afresh. A decision whose host time the
+        loop hides (_host_hidden) is not kept."""
         answer = now
         g = self._stage2
         if depth != d_prev and g is not None:
             row = int(np.flatnonzero(g.depths == depth)[0])
             answer = self._pick(g, row, n, g.full[row])
-        self._decided = ((n, depth, self.stats.batch_version), self.steps, (*answer, depth))
         self._grow_horizon(depth)
+        hidden = self._host_hidden(costs, depth, answer[1])
+        self._decided = None if hidden else (
+            (n, depth, self.stats.batch_version), self.steps, (*answer, depth))
+
+    def _host_hidden(self, costs: StepCosts, depth: int, step_ms: float) -> bool:
+        """Whether a step of `depth` priced at `step_ms` keeps its host time hidden under the
+        device with room to spare: the loop overlaps them, the host's part is at most
+        hidden_host_share of the step, and what of it the loop exposes (HostOverlap, learned
+        from periods that carry the timing noise) adds at most 5% to the step. Deciding
+        afresh then costs the step next to nothing."""
+        share = self.options.hidden_host_share
+        if not (self.overlap and share > 0.0 and math.isfinite(step_ms)):
+            return False
+        host = float(costs.host(depth > 0))
+        return host <= share * step_ms and costs.exposed * host <= 0.05 * step_ms
 
     def _grow_horizon(self, depth: int) -> None:
         """A fresh decision of `depth`: the floor chosen again doubles how long a decision

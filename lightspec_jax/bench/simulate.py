@@ -26,8 +26,7 @@ def simulator_names() -> dict[str, str]:
     for key, policy in POLICIES.items():
         # Ablations (planner options or the floor set) keep their descriptive key; the plain
         # ones are exactly "kind at depth K" and take the bench spelling.
-        ablation = policy.options or policy.floor is not None
-        out[key if ablation else policy_name(policy.kind, policy.max_depth)] = key
+        out[key if policy.is_ablation else policy_name(policy.kind, policy.max_depth)] = key
     return out
 
 

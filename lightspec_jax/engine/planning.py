@@ -39,7 +39,8 @@ import time
 import jax
 import numpy as np
 
-from lightspec_jax.planner import PlannerSpec, StepObservation, StepPlan, make_planner
+from lightspec_jax.planner import (SERVING_REUSE, PlannerSpec, StepObservation, StepPlan,
+                                   make_planner)
 
 from ..config import EngineConfig, Policy
 from ..drafters import Drafter
@@ -86,12 +87,9 @@ class StepPlanning:
             self.cost_profile = p = store.load_or_sweep(
                 runner, depths=depths, show_progress=config.show_progress, lockstep=lockstep)
             tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
-        # A dynamic engine reuses a decision for up to 4 steps of one shape, 16 while fresh
-        # decisions repeat the floor: deciding is most of plan()'s host time, which at high
-        # concurrency is step time.
+        # A dynamic engine reuses its decisions (SERVING_REUSE: planner/options.py).
         options = ({"depth": k} if spec.policy is Policy.STATIC else
-                   {"replan_every": 4, "replan_limit": 16} if spec.policy is Policy.DYNAMIC
-                   else {})
+                   SERVING_REUSE if spec.policy is Policy.DYNAMIC else {})
         # The verify step keeps the drafter's cache current at every depth (a parallel
         # drafter's too: its commit writes the context; one that catches up does so before it
         # drafts again), so depth 0 (no draft step) is a choice: the no-speculation floor.

@@ -1,7 +1,8 @@
 """replan_every: a decision is reused for a few steps of nearly one shape (the depth verified,
 N within 1/32, the verify bucket), never across a larger change; replan_limit: while fresh
 decisions choose the floor again, that window doubles up to the limit; a drafting decision
-keeps (or sets back) the short one."""
+keeps (or sets back) the short one; hidden_host_share: an overlapped loop that hides the host
+under the device with room to spare decides every step."""
 
 import numpy as np
 import pytest
@@ -11,13 +12,17 @@ from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation, make_
 BUCKETS = tuple(range(1, 65))
 
 
-def planner(buckets=BUCKETS, floor=False, draft_ms=0.01, **options):
+def planner(buckets=BUCKETS, floor=False, draft_ms=0.01, overlap=False, host_ms=None,
+            **options):
+    """A planner whose loop does not hide host time (overlap=False, as on the CPU backend),
+    so reuse follows replan_every alone; host_ms: a measured host time for every N."""
     s = PlannerSpec(verify_buckets=buckets, draft_depths=(1, 2, 3), max_depth=3, floor=floor)
     rows = {b: 1.0 + 0.05 * b for b in buckets}
+    host = None if host_ms is None else CostTable({n: host_ms for n in buckets})
     # No probes: a probe is a decision of its own and never reused.
     return make_planner("dynamic", s, target_costs=CostTable(rows),
                         draft_costs=CostTable({b: draft_ms for b in buckets}),
-                        explore_fraction=0.0, **options)
+                        host_costs=host, overlap=overlap, explore_fraction=0.0, **options)
 
 
 def run(p, steps, accept_of, n=16):
@@ -180,3 +185,32 @@ def test_a_decision_that_changes_the_depth_is_reused_by_the_next_step():
     assert after.verified_depth == plans[change].draft_depth
     assert after.fill_rows >= after.num_requests
     assert np.diff(decided).min() >= 1 and len(decided) <= 30 // 4 + 3
+
+
+@pytest.mark.parametrize("host_ms, reused", [(0.2, False), (2.5, True)])
+def test_an_overlapped_loop_that_hides_the_host_decides_every_step(host_ms, reused):
+    # 16 requests at depth 3 verify 48 rows, about 3.4 ms of device time here. An overlapped
+    # loop hides 0.2 ms of host time under it (at most hidden_host_share of the step):
+    # deciding afresh costs the step nothing, so every plan() decides. 2.5 ms is over half
+    # the step: decisions are reused as replan_every says. Without overlap the host adds up
+    # and reuse always applies.
+    p = planner(replan_every=4, overlap=True, host_ms=host_ms)
+    run(p, 20, lambda i: 2)
+    decided = counting(p)
+    run(p, 40, lambda i: 2)
+    assert (len(decided) <= 40 // 4 + 2) if reused else len(decided) == 40
+    summed = planner(replan_every=4, overlap=False, host_ms=0.2)
+    run(summed, 20, lambda i: 2)
+    decided = counting(summed)
+    run(summed, 40, lambda i: 2)
+    assert len(decided) <= 40 // 4 + 2
+
+
+def test_hidden_host_share_zero_reuses_regardless():
+    p = planner(replan_every=4, overlap=True, host_ms=0.2, hidden_host_share=0.0)
+    run(p, 20, lambda i: 2)
+    decided = counting(p)
+    run(p, 40, lambda i: 2)
+    assert len(decided) <= 40 // 4 + 2
+    with pytest.raises(ValueError, match="hidden_host_share"):
+        planner(hidden_host_share=1.5)
