@@ -32,6 +32,9 @@ infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrenc
   floor    the dynamic planner is offered depth 0 (PlannerSpec(floor=True)), as the engine does
            with autoregressive drafters; static and DSpark-style are not. After a depth-0 step
            no request holds a proposal (num_with_proposal 0 on the next plan)
+  reuse    the dynamic planner reuses its decisions as a serving engine's does (SERVING_REUSE),
+           which, with the loop overlapped, it does only where the host's time is not hidden
+           (LightSpecOptions.hidden_host_share); `dynamic-every-step` decides every step
 
 Metrics cover the saturated phase only: steps that start while requests are still queued, so
 every slot that frees is refilled and the batch holds C requests. The drain at the end (the
