@@ -14,13 +14,13 @@ too reads only the live context.
 The GPU kernel is laid out for the verify batch: rows are ordered by (slot, offset), so each
 request's rows are contiguous. The wrapper cuts them into *chunks* (_row_chunks.py), runs of
 at most R rows of one slot, and each program (chunk, KV head) streams that slot's K/V blocks
-once for all of its rows and all Q/G query heads of the KV head - a request's KV is read once per step (twice only
-when it has more than R rows). The loop stops at the block holding the chunk's largest position,
-and the last block's loads are masked there, so neither compute nor bandwidth goes to the unused
-tail of the strip and stale (even NaN) entries are never touched. Online softmax in fp32 as in
-flash attention; the [M, D] query tile (M = R * Q/G query rows) is the MMA's M dimension, in the
-spirit of jax's ``pallas/ops/gpu/decode_attention.py``, which also packs a KV head's query heads
-into one tile.
+once for all of its rows and all Q/G query heads of the KV head - a request's KV is read once
+per step (twice only when it has more than R rows). The loop stops at the block holding the
+chunk's largest position, and the last block's loads are masked there, so neither compute nor
+bandwidth goes to the unused tail of the strip and stale (even NaN) entries are never touched.
+Online softmax in fp32 as in flash attention; the [M, D] query tile (M = R * Q/G query rows)
+is the MMA's M dimension, in the spirit of jax's ``pallas/ops/gpu/decode_attention.py``, which
+also packs a KV head's query heads into one tile.
 
 Axis legend: T rows, N slots, L layers, S cache length, G KV heads, Q query heads, D head dim,
 C chunks, R rows per chunk, Qp = Q/G padded to a power of two, M = R * Qp.
