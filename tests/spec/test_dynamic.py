@@ -51,6 +51,41 @@ def test_late_failing_drafter_drives_the_budget_down(late_engine, plain_engine):
     assert sum(s.accepted for s in late) == 0
 
 
+def test_an_accelerator_loop_that_hides_the_host_decides_every_step(target_dir, plain_engine,
+                                                                   monkeypatch, tmp_path):
+    # The engine's planner as on an accelerator (host time hidden under the device: the
+    # planner's overlap), with fixed prices and no host time measured (refresh off): the host
+    # is hidden on every step, so no decision is reused (SERVING_REUSE notwithstanding), and
+    # the output is still exactly plain decoding's.
+    import lightspec_jax.engine.planning as planning
+    monkeypatch.setattr(planning, "hides_host_time", lambda config: True)
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"target": CostTable(TARGET_MS).to_json(),
+                                "draft": CostTable(DRAFT_MS).to_json()}))
+    config = EngineConfig(max_num_seqs=4, verify_buckets=tuple(TARGET_MS),
+                          speculative=SpeculativeConfig(policy="dynamic", num_speculative_tokens=4),
+                          cost_table_path=str(path), refresh_costs=False,
+                          **{**BASE, "max_model_len": 128})
+    engine = Engine(load_qwen3(target_dir), config=config,
+                    drafter=DraftLMDrafter(load_qwen3(target_dir)))
+    assert engine.planner.overlap and engine.planner.options.replan_every > 1
+    planner, decided, reused = engine.planner, [], []
+    fresh, reuse = planner._next_depth, planner._reuse
+    planner._next_depth = lambda *a, **k: decided.append(1) or fresh(*a, **k)
+
+    def counted_reuse(*a, **k):
+        kept = reuse(*a, **k)
+        reused.append(kept is not None)
+        return kept
+    planner._reuse = counted_reuse
+    prompts = [[3, 8, 13], [50, 60], [7] * 5, [99, 1, 98]]
+    params = SamplingParams(max_tokens=70, ignore_eos=True)  # within plain_engine's 80 tokens
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain_engine.generate(prompts,
+                                                                                      params)]
+    assert len(decided) >= 8 and reused and not any(reused)
+
+
 def test_static_is_fixed_width(spec_engines):
     engine = spec_engines("copy_k3")
     start = len(engine.stats.steps)
