@@ -186,7 +186,8 @@ class LightSpecPlanner(BasePlanner):
         self._grow_horizon(depth)
         hidden = self._host_hidden(costs, depth, answer[1])
         self._decided = None if hidden else (
-            (n, depth, self.stats.batch_version), self.steps, (*answer, depth))
+            (n, depth, self.stats.batch_version, self._ends_in_reach()), self.steps,
+            (*answer, depth))
 
     def _host_hidden(self, costs: StepCosts, depth: int, step_ms: float) -> bool:
         """Whether a step of `depth` priced at `step_ms` keeps its host time hidden under the
@@ -219,8 +220,12 @@ class LightSpecPlanner(BasePlanner):
         """The last decision (fill, step ms, tokens, depth), carried to this step if it is
         younger than the reuse horizon (replan_every, grown up to replan_limit while fresh
         decisions repeat the floor) and was made for nearly this batch: the same depth
-        verified and class mix, N within 1/32 of the decision's (exactly N below 32), and the
+        verified and class mix, N within 1/32 of the decision's (exactly N below 32), as many
+        requests with their end within reach (_ends_in_reach) to within N/4, and the
         same verify bucket when its fill is kept - at least N rows, at most those available.
+        Without the count of ends, at c = 1 the floor chosen for a request's last tokens was
+        kept for the first steps of the next one (math, Eagle3: 48 of 676 steps drafted
+        nothing with the whole allowance ahead).
         A serving batch gains and loses a few requests at most steps (c = 256, math: N
         moved in 85% of steps, by 1-9 in 80%), and deciding afresh at each of them was most
         of plan()'s host time; the depth and bucket a decision chose stay right for a batch a
@@ -228,9 +233,10 @@ class LightSpecPlanner(BasePlanner):
         target rows, and its accepted drafts in proportion to the draft rows left."""
         if self._decided is None:
             return None
-        (n0, d0, version), at, (fill0, step_ms, tokens0, depth) = self._decided
+        (n0, d0, version, reach0), at, (fill0, step_ms, tokens0, depth) = self._decided
         if (d_prev != d0 or version != self.stats.batch_version
-                or self.steps - at >= self._horizon or abs(n - n0) > n0 // 32):
+                or self.steps - at >= self._horizon or abs(n - n0) > n0 // 32
+                or abs(self._ends_in_reach() - reach0) > n0 // 4):
             return None
         fill = min(max(fill0, n), available)
         if fill != fill0 and self.spec.bucket_for(fill) != self.spec.bucket_for(fill0):
@@ -238,6 +244,12 @@ class LightSpecPlanner(BasePlanner):
         drafts0 = fill0 - n0
         accepted = 0.0 if drafts0 <= 0 else (tokens0 - n0) * (fill - n) / drafts0
         return fill, step_ms, n + accepted, depth
+
+    def _ends_in_reach(self) -> int:
+        """Requests whose next proposal cannot use the deepest draft: their end is within
+        reach, so their room, not the statistics, bounds what a depth is worth."""
+        room = self._next_room()
+        return 0 if room is None else int(np.count_nonzero(room < self.spec.max_depth))
 
     def _cold_depth(self) -> int:
         """Depth before the first statistics. With costs (the engine's sweep or its cached

@@ -1,5 +1,6 @@
 """replan_every: a decision is reused for a few steps of nearly one shape (the depth verified,
-N within 1/32, the verify bucket), never across a larger change; replan_limit: while fresh
+N within 1/32, as many requests ending within reach, the verify bucket), never across a
+larger change; replan_limit: while fresh
 decisions choose the floor again, that window doubles up to the limit; a drafting decision
 keeps (or sets back) the short one; hidden_host_share: an overlapped loop that hides the host
 under the device with room to spare decides every step."""
@@ -161,7 +162,7 @@ def test_a_batch_a_few_requests_larger_or_smaller_reuses_the_decision():
             n, n0, rows = plan.num_requests, last.num_requests, plan.fill_rows
             assert plan.predicted_tokens - n == pytest.approx(
                 (last.predicted_tokens - n0) * (rows - n) / (rows - n0))
-    (anchor, _, _), _, _ = p._decided
+    (anchor, _, _, _), _, _ = p._decided
     before = len(decided)
     p.plan(num_requests=anchor + anchor // 32 + 1)
     assert len(decided) == before + 1
@@ -214,3 +215,24 @@ def test_hidden_host_share_zero_reuses_regardless():
     assert len(decided) <= 40 // 4 + 2
     with pytest.raises(ValueError, match="hidden_host_share"):
         planner(hidden_host_share=1.5)
+
+
+def test_a_floor_chosen_for_a_last_token_is_not_kept_for_the_next_request():
+    # One request at a time (c = 1), every draft accepted: a request's last steps have no
+    # room to draft (the floor), and the next request starts with all of its allowance -
+    # its steps draft again at once rather than keep the floor for the reuse window (on the
+    # shipped pair at math c = 1, 48 of 676 steps drafted nothing with the whole allowance
+    # ahead).
+    p = planner(floor=True, draft_ms=0.05, replan_every=4, replan_limit=16)
+    floors_with_room = 0
+    for request in range(12):
+        remaining = 42  # 4 tokens a step, then 2 and 1 left: two floor steps end it
+        while remaining > 0:
+            plan = p.plan(num_requests=1, num_with_proposal=int(remaining < 42),
+                          remaining=np.array([remaining]))
+            emitted = min(plan.verified_depth + 1, remaining)
+            p.observe(StepObservation(plan=plan, accept_lens=np.array([emitted])))
+            if request >= 2 and remaining > 3 * (p.spec.max_depth + 1):
+                floors_with_room += plan.draft_depth == 0
+            remaining -= emitted
+    assert floors_with_room == 0
