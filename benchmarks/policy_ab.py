@@ -15,6 +15,13 @@ and turns its probes off (what the free choice costs against a fixed depth in th
 `catch_up=false` makes a drafter that catches up (the draft LM, `--drafter`) commit at every
 step instead, floor steps included (what the floor's catch-up saves). `floor_timed=N` makes one
 floor step in N a timing sample for the planner (engine.planning.FLOOR_TIMED; 1: every one).
+`replay_plans=true` lets the variant's planner decide one untimed pass over the prompts, then
+serves every timed repeat with those plans replayed, the planner idle (no plan() or observe()
+work): what the planner's host time costs the loop, its decisions held fixed. Greedy serving
+is deterministic, so each replayed plan meets the batch it was made for; the script checks
+that (requests and their allowances) and exits 1 if one does not. With `planner_busy=true`
+as well, the live planner still plans every step and learns from every read-back, its plans
+thrown away: beside a plain replay, the same decisions with and without the planner's work.
 `planner_at=REV` builds the variant's planner from the planner package at git revision REV
 (planner_replay.planner_at), so a planner change runs against its predecessor in one process:
 
@@ -56,6 +63,8 @@ class Variant:
     catch_up: bool = True  # False: the drafter commits at every step (Drafter.catches_up)
     planner_at: str | None = None  # a git revision whose planner package plans (None: today's)
     floor_timed: int | None = None  # one floor step in N timed (None: the engine's FLOOR_TIMED)
+    replay_plans: bool = False  # timed repeats replay one pass's plans, the planner idle
+    planner_busy: bool = False  # ... the live planner still working, its plans discarded
 
 
 def parse_variant(text: str) -> Variant:
@@ -70,6 +79,7 @@ def parse_variant(text: str) -> Variant:
     if name != "none" and k is None:
         k = 7
     options, force, catch_up, revision, timed = {}, None, True, None, None
+    replay = busy = False
     for item in rest:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -88,19 +98,25 @@ def parse_variant(text: str) -> Variant:
             force = int(parsed)
         elif key == "catch_up":
             catch_up = bool(parsed)
+        elif key == "replay_plans":
+            replay = bool(parsed)
+        elif key == "planner_busy":
+            busy = bool(parsed)
         elif key == "floor_timed":
             timed = int(parsed)
             if timed < 1:
                 raise argparse.ArgumentTypeError(f"variant {text!r}: floor_timed must be >= 1")
         else:
             options[key] = parsed
-    tuned = options or force is not None or not catch_up or revision or timed
+    if busy and not replay:
+        raise argparse.ArgumentTypeError(f"variant {text!r}: planner_busy needs replay_plans")
+    tuned = options or force is not None or not catch_up or revision or timed or replay
     if tuned and name not in ("dynamic", "dspark"):
         raise argparse.ArgumentTypeError(f"variant {text!r}: planner options apply to dynamic "
                                          "and dspark policies only")
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,
                    force_depth=force, catch_up=catch_up, planner_at=revision,
-                   floor_timed=timed)
+                   floor_timed=timed, replay_plans=replay, planner_busy=busy)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
@@ -144,6 +160,68 @@ def force_depth(engine, depth: int, label: str) -> None:
 
     planner._next_depth = forced
     planner.options = dataclasses.replace(planner.options, explore_fraction=0.0)
+
+
+class ReplayedPlans:
+    """Stands in for a planner: hands back the plans one pass of the live planner made, in
+    order, and learns nothing - or, given the live planner (`busy`), has it plan and learn as
+    before and throws its plans away. `rewind()` before each pass; `mismatches` counts the
+    plans served to a batch other than the one they were made for (requests, allowances)."""
+
+    def __init__(self, plans: list, busy=None) -> None:
+        self.plans = plans  # (StepPlan, num_requests, remaining) per plan() call
+        self.busy = busy
+        self.at = self.mismatches = 0
+
+    def rewind(self) -> None:
+        self.at = 0
+
+    def plan(self, *, num_requests, remaining=None, **kwargs):
+        if self.busy is not None:
+            self.busy.plan(num_requests=num_requests, remaining=remaining, **kwargs)
+        if self.at == len(self.plans):
+            raise RuntimeError("the replayed pass ran out of plans: the batches differ")
+        plan, n, rem = self.plans[self.at]
+        self.at += 1
+        if n != num_requests or not np.array_equal(rem, remaining):
+            self.mismatches += 1
+        return plan
+
+    def __getattr__(self, name):
+        """The busy planner's (its observe() calls, its tables); without one, observe(),
+        observe_host() and observe_period() do nothing."""
+        if name != "busy" and self.busy is not None:
+            return getattr(self.busy, name)
+        if not name.startswith("observe"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
+def replay_plans(engine, prompts, params, *, busy: bool = False) -> ReplayedPlans:
+    """One untimed pass with the engine's live planner, its plans recorded; the engine then
+    plans with ReplayedPlans (unless `busy`, its feedback learns nothing and writes no cost
+    tables)."""
+    live, plans = engine.planner, []
+
+    def recording(**kwargs):
+        plan = live_plan(**kwargs)
+        remaining = kwargs.get("remaining")
+        plans.append((plan, kwargs["num_requests"],
+                      None if remaining is None else np.array(remaining)))
+        return plan
+
+    live_plan, live.plan = live.plan, recording
+    try:
+        engine.generate(prompts, params)
+    finally:
+        del live.plan  # the method again
+    script = ReplayedPlans(plans, busy=live if busy else None)
+    engine.planner = script
+    feedback = engine.planning.feedback
+    if feedback is not None:
+        feedback.planner = script
+        feedback.refresh_costs = feedback.refresh_costs and busy
+    return script
 
 
 def summarize(repeats: list[list], concurrency: int) -> dict:
@@ -242,13 +320,17 @@ def main(argv: list[str] | None = None) -> int:
         engine.generate(prompts[:warm], [dataclasses.replace(p, max_tokens=4)
                                          for p in params[:warm]])
         repeats: list[list] = []  # per repeat: (read time, StepRecord, StepPlan) per step
+        script = (replay_plans(engine, prompts, params, busy=v.planner_busy)
+                  if v.replay_plans else None)
         engine.add_step_observer(lambda e, r=repeats: r[-1].append(
             (time.perf_counter(), e.record, e.plan)))
-        runs[v.label] = (engine, repeats, [])
+        runs[v.label] = (engine, repeats, [], script)
     labels, outputs = list(runs), {}
     for rep in range(args.repeats):
         for label in labels[rep % len(labels):] + labels[:rep % len(labels)]:
-            engine, repeats, tok_s = runs[label]
+            engine, repeats, tok_s, script = runs[label]
+            if script is not None:
+                script.rewind()
             repeats.append([])
             start = time.perf_counter()
             out = engine.generate(prompts, params)
@@ -259,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.workload}, c={c}, {len(prompts)} prompts, max_tokens {args.max_tokens}, "
           f"{args.repeats} interleaved repeats (tok/s mean, per repeat, x {labels[0]}):")
     for label in labels:
-        _, repeats, tok_s = runs[label]
+        _, repeats, tok_s, _ = runs[label]
         s = summarize(repeats, c)
         print(f"{label:>12s} {np.mean(tok_s):8.1f} [{' '.join(f'{x:.0f}' for x in tok_s)}] "
               f"x{np.mean(tok_s) / reference:.3f} (per repeat "
@@ -271,6 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.periods:
             for line in period_fit(repeats):
                 print(" " * 13 + line)
+    astray = {label: runs[label][3].mismatches for label in labels
+              if runs[label][3] is not None and runs[label][3].mismatches}
+    if astray:
+        print(f"REPLAYED PLANS MET OTHER BATCHES (plans, by variant): {astray}")
+        return 1
     differ = [label for label in labels if outputs[label] != outputs[labels[0]]]
     if differ:
         print(f"OUTPUTS DIFFER from {labels[0]}'s: {differ}")

@@ -37,9 +37,13 @@ def test_variants_parse_labels_options_and_a_forced_depth(bench):
     assert not bench.parse_variant("commit=dynamic:7,catch_up=false").catch_up
     assert bench.parse_variant("dynamic:7").floor_timed is None
     assert bench.parse_variant("every=dynamic:7,floor_timed=1").floor_timed == 1
+    assert bench.parse_variant("r=dynamic:7,replay_plans=true").replay_plans
+    assert not bench.parse_variant("dynamic:7").replay_plans
+    assert bench.parse_variant("b=dynamic:7,replay_plans=true,planner_busy=true").planner_busy
     for bad in ("static:3,calibrate=false", "dynamic:7,calibrate", "dynamic:7,x=abc",
                 "dynamc:7", "static:3,catch_up=false", "dynamic:7,floor_timed=0",
-                "static:3,floor_timed=2"):
+                "static:3,floor_timed=2", "static:3,replay_plans=true",
+                "dynamic:7,planner_busy=true"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_variant(bad)
 
@@ -93,3 +97,29 @@ def test_planner_variants_agree_token_for_token(bench, capsys):
     assert code == 0, out
     assert "every variant's output equals static:2's" in out
     assert "depths {1:" in out.split("d1 ")[1]  # the forced depth is what it drafted
+
+
+def test_replayed_plans_count_the_batches_they_do_not_fit(bench):
+    plans = [("p0", 2, np.array([5, 3])), ("p1", 1, np.array([2]))]
+    script = bench.ReplayedPlans(plans)
+    assert script.plan(num_requests=2, remaining=np.array([5, 3])) == "p0"
+    assert script.plan(num_requests=1, remaining=np.array([3])) == "p1"  # not its batch
+    assert script.mismatches == 1
+    with pytest.raises(RuntimeError, match="ran out of plans"):
+        script.plan(num_requests=1, remaining=np.array([1]))
+    script.rewind()
+    assert script.plan(num_requests=2, remaining=np.array([5, 3])) == "p0"
+
+
+def test_a_replayed_pass_meets_its_batches_and_serves_the_same_tokens(bench, capsys):
+    # Greedy serving is deterministic: the live planner's pass, replayed, meets the same
+    # batches in every repeat (main() exits 1 otherwise), with the planner idle or busy.
+    code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
+                       "--max-tokens", "6", "--repeats", "2", "dynamic:3",
+                       "replayed=dynamic:3,replay_plans=true",
+                       "busy=dynamic:3,replay_plans=true,planner_busy=true"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "every variant's output equals dynamic:3's" in out
+    replayed, busy = out.split("replayed ")[1], out.split("busy ")[1]
+    assert "depths {" in replayed and "depths {" in busy
