@@ -345,16 +345,18 @@ def _check_observation(plan: StepPlan, accept: np.ndarray, verify_lens) -> None:
     if accept.shape != (n,):
         raise ValueError(f"accept_lens must have shape ({n},) for a plan with {n} requests, "
                          f"got {accept.shape}")
-    if not np.issubdtype(accept.dtype, np.number) or not np.isfinite(accept).all():
+    if not np.issubdtype(accept.dtype, np.number):
         raise ValueError("accept_lens must be finite numbers")
-    lo, hi = accept.min(), accept.max()
+    lo, hi = accept.min(), accept.max()  # a NaN anywhere is the min's and the max's
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError("accept_lens must be finite numbers")
     if lo < 1 or hi > plan.verified_depth + 1:
         raise ValueError(
             f"accept_lens must lie in [1, {plan.verified_depth + 1}] (bonus included, proposal "
             f"depth {plan.verified_depth}), got min {lo} max {hi}")
     if verify_lens is not None:
         rows = np.asarray(verify_lens)
-        if rows.shape != (n,) or (rows < 1).any() or (accept > rows).any():
+        if rows.shape != (n,) or rows.min() < 1 or (accept > rows).any():
             raise ValueError("verify_lens must be [N] ints >= 1 with accept_lens <= verify_lens")
         if rows.sum() > plan.verify_rows:
             raise ValueError(f"verify_lens sum to {rows.sum()} rows, more than the "

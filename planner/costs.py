@@ -28,6 +28,7 @@ import numpy as np
 
 _FORMAT = "lightspec-cost-table"
 _GRID_PER_DOUBLING = 4
+_EVERY = object()  # _clear_caches: every column
 
 
 def snap_context(context_len: float) -> int:
@@ -77,8 +78,10 @@ class CostTable:
         # unmeasured ones imputed, cleared on every update, since one cell moves the imputation
         # of others. Sorted columns and the donor order per column
         # change only when a column is added (columns are never removed).
-        self._cache: dict[int | None, np.ndarray] = {}
-        self._counts: dict[int | None, np.ndarray] = {}  # per column: samples by row key
+        self._cache: dict[int | None, tuple[np.ndarray, list[float]]] = {}  # array and list
+        self._imputed_from: dict[int | None, set] = {}  # column -> donors its vector read
+        # per column: samples by row key, then 0 (beyond the largest), as an array and a list
+        self._counts: dict[int | None, tuple[np.ndarray, list[int]]] = {}
         # Where given row counts land among the row keys (plan() asks for the same buckets
         # every step): rows -> _position(rows), until a key is added.
         self._positions: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -146,7 +149,7 @@ class CostTable:
         if self.is_empty:
             raise ValueError("cost table is empty: profile at least one row count first "
                              "(planners check `is_empty` and plan full width until then)")
-        rows, at, beyond = self._position(rows)
+        rows, at, beyond = self._position(rows)[:3]
         if rows.size and rows.min() < 1:
             raise ValueError(f"rows must be >= 1, got {int(rows.min())}")
         out = self._at_context_all(context_len)[at]  # [R]
@@ -175,7 +178,7 @@ class CostTable:
         else:
             cell[0] = self.decay * cell[0] + (1.0 - self.decay) * ms
             cell[1] += 1
-            self._clear_caches()
+            self._clear_caches(column)
 
     def count(self, rows: int, context_len: float | None = None) -> int:
         """Samples folded into the cell that holds `rows` at `context_len` (0 if none)."""
@@ -183,17 +186,34 @@ class CostTable:
 
     def count_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
         """count() for each row count: [R] ints (plan() asks for every bucket at once)."""
-        column = self._column_for(context_len)
-        counts = self._counts.get(column)
-        if counts is None:  # [keys + 1]: each key's samples in this column, then 0 (beyond)
-            cells = self._cells.get(column, {})
-            counts = np.array([cells[k][1] if k in cells else 0 for k in self._row_keys] + [0],
-                              dtype=np.int64)
-            self._counts[column] = counts
+        counts = self._column_counts(self._column_for(context_len))[0]
         if not self._row_keys:
             return np.zeros(len(list(rows)), dtype=np.int64)
-        _, at, beyond = self._position(rows)
+        _, at, beyond = self._position(rows)[:3]
         return counts[np.where(beyond, len(self._row_keys), at)]
+
+    def read_many(self, rows: tuple[int, ...], context_len: float | None = None
+                  ) -> tuple[list[float], list[int]]:
+        """(estimate_many(), count_many()) as lists: plan() reads every bucket of a table at
+        each fresh decision, and a handful of values costs the host less as floats than as
+        arrays (the same operations in the same order: the same values)."""
+        if self.is_empty:
+            return self.estimate_many(rows, context_len), []  # raises
+        _, _, _, values, at, beyond = self._position(rows)
+        if min(values) < 1:
+            raise ValueError(f"rows must be >= 1, got {min(values)}")
+        lo, w, hi = self._interpolation(context_len)
+        low = self._vector_list(lo)
+        if w is None:
+            ms = [low[i] for i in at]
+        else:
+            high = self._vector_list(hi)
+            ms = [(1.0 - w) * low[i] + w * high[i] for i in at]
+        if any(beyond):
+            largest = self._row_keys[-1]
+            ms = [m * r / largest if b else m for m, r, b in zip(ms, values, beyond)]
+        counts = self._column_counts(self._column_for(context_len))[1]
+        return ms, [counts[-1] if b else counts[i] for i, b in zip(at, beyond)]
 
     # ---- persistence -----------------------------------------------------------------------
 
@@ -250,9 +270,21 @@ class CostTable:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _clear_caches(self) -> None:
-        self._cache.clear()
-        self._counts.clear()
+    def _clear_caches(self, column: int | None | object = _EVERY) -> None:
+        """Drops what a change made stale: everything, or after a measured cell of `column`
+        moved (no key or cell added), that column's vector and counts and the vectors that
+        imputed a cell from it - the refresh moves a cell or two of one column every step, and
+        plan() reads every column near the batch's context."""
+        if column is _EVERY:
+            self._cache.clear()
+            self._counts.clear()
+            self._imputed_from.clear()
+        else:
+            self._counts.pop(column, None)
+            self._cache.pop(column, None)
+            for other in [c for c, donors in self._imputed_from.items() if column in donors]:
+                self._cache.pop(other, None)
+                del self._imputed_from[other]
         self.version += 1
 
     def _set(self, rows: int, column: int | None, ms: float, *, count: int) -> None:
@@ -263,10 +295,10 @@ class CostTable:
             self._positions.clear()
         self._clear_caches()
 
-    def _position(self, rows: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _position(self, rows: Iterable[int]) -> tuple:
         """(rows [R] int64, the key index each costs as [R], whether it lies beyond the
-        largest key [R]); the table must hold a key. Cached by rows until a key is added (a
-        plan() asks for the same buckets and depths every step)."""
+        largest key [R], then the same three as lists); the table must hold a key. Cached by
+        rows until a key is added (a plan() asks for the same buckets and depths every step)."""
         key = rows if isinstance(rows, tuple) else tuple(np.asarray(rows).ravel().tolist())
         hit = self._positions.get(key)
         if hit is None:
@@ -274,7 +306,8 @@ class CostTable:
                 self._positions.clear()
             values = np.asarray(key, dtype=np.int64)  # [R]
             i = np.searchsorted(np.asarray(self._row_keys), values, side="left")  # [R]
-            hit = (values, np.minimum(i, len(self._row_keys) - 1), i == len(self._row_keys))
+            at, beyond = np.minimum(i, len(self._row_keys) - 1), i == len(self._row_keys)
+            hit = (values, at, beyond, list(key), at.tolist(), beyond.tolist())
             self._positions[key] = hit
         return hit
 
@@ -301,20 +334,27 @@ class CostTable:
 
     def _at_context_all(self, context_len: float | None) -> np.ndarray:
         """_at_context() for every row key at once: [keys] ms."""
+        lo, w, hi = self._interpolation(context_len)
+        if w is None:
+            return self._vector(lo)
+        return (1.0 - w) * self._vector(lo) + w * self._vector(hi)
+
+    def _interpolation(self, context_len: float | None) -> tuple:
+        """(lo, w, hi): a context's ms is (1 - w) ms(lo) + w ms(hi) between the columns around
+        it; (column, None, None) where one column answers."""
         if not self._context_axis:
-            return self._vector(None)
+            return None, None, None
         if context_len is None:
-            return self._vector(self._reference)
+            return self._reference, None, None
         columns = self.contexts
         x = float(context_len)
         j = bisect.bisect_right(columns, x)
         if j == 0:
-            return self._vector(columns[0])
+            return columns[0], None, None
         if j == len(columns):
-            return self._vector(columns[-1])
+            return columns[-1], None, None
         lo, hi = columns[j - 1], columns[j]
-        w = (x - lo) / (hi - lo)
-        return (1.0 - w) * self._vector(lo) + w * self._vector(hi)
+        return lo, (x - lo) / (hi - lo), hi
 
     def _cell(self, key: int, column: int) -> float:
         cell = self._cells[column].get(key)
@@ -332,17 +372,19 @@ class CostTable:
         buckets in use carries over to the others."""
         vec = self._cache.get(column)
         if vec is not None:
-            return vec
+            return vec[0]
         here = self._cells[column]
         remaining = {k for k in self._row_keys if k not in here}
         imputed: dict[int, float] = {}
         fallback: dict[int, float] = {}  # nearest holder's own value
+        donors = self._imputed_from[column] = set()
         if remaining:
             for donor in self._donor_order(column):
                 there = self._cells[donor]
                 holds = remaining.intersection(there)
                 if not holds:
                     continue
+                donors.add(donor)
                 for k in holds:
                     fallback.setdefault(k, there[k][0])
                 shared = [r for r in here if r in there]
@@ -373,8 +415,23 @@ class CostTable:
                         break
         vec = np.array([here[k][0] if k in here else imputed.get(k, fallback.get(k))
                         for k in self._row_keys], dtype=np.float64)
-        self._cache[column] = vec
+        self._cache[column] = (vec, vec.tolist())
         return vec
+
+    def _vector_list(self, column: int | None) -> list[float]:
+        """_vector() as a list (cached with it)."""
+        self._vector(column)
+        return self._cache[column][1]
+
+    def _column_counts(self, column: int | None) -> tuple[np.ndarray, list[int]]:
+        """Each row key's samples in `column`, then 0 (beyond the largest key): [keys + 1],
+        as an array and a list (cached until the column changes)."""
+        counts = self._counts.get(column)
+        if counts is None:
+            cells = self._cells.get(column, {})
+            values = [cells[k][1] if k in cells else 0 for k in self._row_keys] + [0]
+            counts = self._counts[column] = (np.array(values, dtype=np.int64), values)
+        return counts
 
     def _donor_order(self, column: int | None) -> list:
         """Every other column, nearest (in log context) first; ties keep insertion order."""

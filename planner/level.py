@@ -67,9 +67,11 @@ class LevelShift:
         self.delta *= keep
         self.var = keep * self.var + (1.0 - keep) * prior
 
-    def update(self, survival: np.ndarray, accept_lens: np.ndarray, depth: int) -> None:
+    def update(self, survival: np.ndarray, accept_lens: np.ndarray, depth: int, *,
+               counted: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """One full-width step: survival [K+1] the pooled fit (s[0] unused), accept_lens [N]
-        tokens committed per request (bonus included) of a depth-`depth` proposal."""
+        tokens committed per request (bonus included) of a depth-`depth` proposal; counted:
+        outcomes(accept_lens, depth) if the caller has them already."""
         accept = np.asarray(accept_lens, dtype=np.float64)
         n = accept.size
         if not self.enabled or n == 0 or depth < 1:
@@ -80,7 +82,7 @@ class LevelShift:
         base = self._base_logits(survival)[1:depth + 1]  # [d] logit a[j], j = 1..d
         p = _sigmoid(base + self.delta)  # [d]
         # [d] outcomes at each position up to the first rejection: seen, and of them accepted
-        seen, accepted = outcomes(accept, depth)
+        seen, accepted = outcomes(accept, depth) if counted is None else counted
         info = float(seen @ (p * (1.0 - p)))
         grad = float(accepted.sum() - seen @ p)
         self.var = 1.0 / (1.0 / max(self.var, 1e-12) + info)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .costs import CostTable
-from .survival import non_increasing, weighted_line
+from .survival import pooled, weighted_line
 from .types import DrafterKind, PlannerSpec
 
 
@@ -125,11 +125,11 @@ class StepCosts:
         t = _never_cheaper(target, buckets, context_len)
         dr = _never_cheaper(draft, buckets, context_len)
         stage = None
-        every = range(1, spec.max_depth + 1)  # a proposal may be capped off the grid
+        every = tuple(range(1, spec.max_depth + 1))  # a proposal may be capped off the grid
         if depth_costs is not None and not depth_costs.is_empty:
             fit = _depth_line if (linear_depth and spec.drafter_kind is
                                   DrafterKind.AUTOREGRESSIVE) else _never_cheaper
-            stage = dict(zip(every, fit(depth_costs, every, context_len).tolist()))
+            stage = dict(zip(every, fit(depth_costs, every, context_len)))
             stage[0] = 0.0
         elif spec.drafter_kind is DrafterKind.PARALLEL:  # the block forward, by its rows
             stage = {d: draft.estimate(max(num_requests * spec.block_rows(d), 1), context_len)
@@ -147,8 +147,8 @@ class StepCosts:
                 # slow step() priced it several-fold over drafting for a whole run (math,
                 # c=64: 9.9 ms against 2.7).
                 host = min(host, host_draft)
-        return cls(target_by_bucket=dict(zip(buckets, t.tolist())),
-                   draft_by_bucket=dict(zip(buckets, dr.tolist())),
+        return cls(target_by_bucket=dict(zip(buckets, t)),
+                   draft_by_bucket=dict(zip(buckets, dr)),
                    draft_tail=draft.estimate(max(num_requests, 1), context_len),
                    stage_by_depth=stage, host_ms=host,
                    host_draft_ms=host_draft, exposed=exposed)
@@ -198,7 +198,8 @@ class StepCosts:
                                                  0.0)
 
 
-def _never_cheaper(table: CostTable, keys, context_len: float | None) -> np.ndarray:
+def _never_cheaper(table: CostTable, keys: tuple[int, ...], context_len: float | None
+                   ) -> list[float]:
     """[K] the table's ms at `keys` (rows or depths, ascending), made non-decreasing: more
     rows, or a deeper draft, never cost less. The online refresh can say otherwise: it splits
     each measured step over the cells that ran in it, so a cell the planner rarely chooses
@@ -207,12 +208,14 @@ def _never_cheaper(table: CostTable, keys, context_len: float | None) -> np.ndar
     tables priced the depth-3 stage at 4.8 ms against 4.5 for depth 4, and 8 verify rows
     below 4 at a short context. Violating cells are pooled, weighted by their samples (the
     PAVA fit the survival uses, survival.py), so a well-measured cell moves least."""
-    ms = table.estimate_many(keys, context_len)  # [K]
-    weights = table.count_many(keys, context_len).astype(float)  # [K]
-    return -non_increasing(-ms, weights)
+    ms, counts = table.read_many(keys, context_len)  # [K] each
+    if not any(b < a for a, b in zip(ms, ms[1:])):  # nothing to pool (most calls)
+        return ms
+    return [-v for v in pooled([-v for v in ms], [float(c) for c in counts])]
 
 
-def _depth_line(table: CostTable, depths, context_len: float | None) -> np.ndarray:
+def _depth_line(table: CostTable, depths: tuple[int, ...], context_len: float | None
+                ) -> list[float]:
     """[K] an autoregressive draft stage's ms at `depths` on the weighted least-squares line
     a + b d through the table's cells (weights: their samples; b >= 0). The stage is a loop of
     d alike forwards, so its cost is a line in d; cell by cell, the start-up sweep's single
@@ -221,13 +224,13 @@ def _depth_line(table: CostTable, depths, context_len: float | None) -> np.ndarr
     it was drafted whenever that one was (depth 6 in 339 of 593 steps). On the line each
     depth is priced from all of them, and the depths the planner visits, refreshed online,
     carry the rest."""
-    d = np.asarray(list(depths), np.float64)  # [K]
-    ms = table.estimate_many(depths, context_len)  # [K]
-    w = np.maximum(table.count_many(depths, context_len).astype(np.float64), 1.0)  # [K]
-    if len(d) < 2:
+    ms, counts = table.read_many(depths, context_len)  # [K] each
+    if len(depths) < 2:
         return ms
-    mean_d, mean_ms, slope = weighted_line(d, ms, w)
-    return np.maximum(mean_ms + max(0.0, slope) * (d - mean_d), 0.0)
+    d = [float(x) for x in depths]
+    mean_d, mean_ms, slope = weighted_line(d, ms, [float(max(c, 1)) for c in counts])
+    slope = max(0.0, slope)
+    return [max(mean_ms + slope * (x - mean_d), 0.0) for x in d]
 
 
 def _host_ms(table: CostTable, num_requests: int) -> float:

@@ -159,6 +159,9 @@ class AcceptanceStats:
     def set_batch(self, classes: np.ndarray | None) -> None:
         """The sampling classes ([N]) of the batch the next estimates are for (None: all 0)."""
         key = _batch_key(classes)
+        if key != -1 and key == self._batch_key and (
+                (self._batch_mix is not None) == self.curves.has_class(key)):
+            return  # one class again, measured or not as before: the same mix
         mix = None
         if key == -1:
             labels, counts = np.unique(np.asarray(classes), return_counts=True)

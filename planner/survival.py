@@ -86,14 +86,16 @@ class SurvivalCurves:
     def record(self, accept: np.ndarray, depth: int, classes: np.ndarray | None) -> None:
         """One full-width step: accept [N'] tokens committed (bonus included) by the requests
         whose whole depth-`depth` proposal was verified; classes [N'] theirs, or None."""
+        # [d] reached and passed at each position: the level and the pooled curve read both
+        counted = outcomes(accept, depth) if accept.size and depth >= 1 else None
         if self.level.enabled and self.measured:  # predicted before this step counts
-            self.level.update(self.base(), accept, depth)
-        kinds = [] if classes is None else np.unique(classes).tolist()
+            self.level.update(self.base(), accept, depth, counted=counted)
+        kinds = _kinds(classes)
         if self._alias is not None and kinds != [self._alias] and accept.size:
             self._own_curve()
         first = (self._alias is None and not self._by_class and len(kinds) == 1
                  and not self.weights.any())
-        self._record(self.pooled, self.weights, accept, depth)
+        self._record(self.pooled, self.weights, accept, depth, counted)
         if first:
             self._alias = kinds[0]
         if self._alias is not None:
@@ -124,9 +126,12 @@ class SurvivalCurves:
         self._class_fits.pop(c, None)
 
     def _record(self, values: np.ndarray, weights: np.ndarray, accept: np.ndarray,
-                depth: int) -> None:
+                depth: int, counted: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """One curve's EMAs; counted: outcomes(accept, depth) if the caller has them."""
         if accept.size:
-            survived = outcomes(accept, depth)[1] / accept.size  # [d]
+            if counted is None:
+                counted = outcomes(accept, depth)
+            survived = counted[1] / accept.size  # [d]
             where = slice(1, depth + 1)
             if self.prior_weight > 0:  # a depth's first sample meets the prior
                 fresh = np.isnan(values[where])
@@ -245,11 +250,24 @@ class SurvivalCurves:
         return out
 
 
+def _kinds(classes: np.ndarray | None) -> list[int]:
+    """The distinct sampling classes of a step's requests, ascending ([] without classes).
+    Nearly every step's requests share one class: checked first, a sort only when not."""
+    if classes is None:
+        return []
+    c = np.asarray(classes)
+    if c.size == 0:
+        return []
+    first = c.flat[0]
+    return [int(first)] if (c == first).all() else np.unique(c).tolist()
+
+
 def weighted_line(x, y, w) -> tuple[float, float, float]:
     """(mean x, mean y, slope) of the weighted least-squares line through points (x, y) with
     weights w (a slope of 0 when every x is the same). A handful of points, read by the
     planner every step: plain floats cost the host less than array calls."""
-    x, y, w = (np.asarray(v, dtype=np.float64).tolist() for v in (x, y, w))
+    x, y, w = (v if isinstance(v, list) else np.asarray(v, dtype=np.float64).tolist()
+               for v in (x, y, w))
     total = sum(w)
     mean_x = sum(wi * xi for xi, wi in zip(x, w)) / total
     mean_y = sum(wi * yi for yi, wi in zip(y, w)) / total
@@ -263,14 +281,19 @@ def non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64)
     if not (values[1:] > values[:-1]).any():  # nothing to pool: the fit is the sequence
         return values.copy()
+    return np.array(pooled(values.tolist(), np.asarray(weights, np.float64).tolist()))
+
+
+def pooled(values: list[float], weights: list[float]) -> list[float]:
+    """non_increasing() on lists of floats (a handful of them, on the host every step)."""
     blocks: list[list[float]] = []  # [weighted mean, weight, length]
-    for v, w in zip(values.tolist(), np.maximum(weights, 1e-12).tolist()):
-        blocks.append([v, w, 1])
+    for v, w in zip(values, weights):
+        blocks.append([v, max(w, 1e-12), 1])
         while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
             v2, w2, n2 = blocks.pop()
             v1, w1, n1 = blocks[-1]
             blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
-    return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
+    return [v for v, _, length in blocks for _ in range(length)]
 
 
 def ema_update(values: np.ndarray, weights: np.ndarray, where: slice, sample: np.ndarray,

@@ -159,9 +159,15 @@ def test_estimate_many_is_estimate_for_each_row_count_with_contexts():
             table.update(int(rng.integers(1, 140)), 0.01 + 5 * rng.random(),
                          float(rng.integers(0, 6000)))
             queries = rng.integers(1, 160, size=7)
+            fresh = CostTable.from_json(table.to_json())  # nothing cached
             for context in (None, float(rng.integers(0, 8000))):
                 want = [table.estimate(int(q), context) for q in queries]
                 assert table.estimate_many(queries, context).tolist() == want
+                # an update drops only the cached columns it moved: the rest still hold
+                assert fresh.estimate_many(queries, context).tolist() == want
+                # read_many, the planner's list path, reads the same values and counts
+                assert table.read_many(tuple(queries.tolist()), context) == (
+                    want, table.count_many(queries, context).tolist())
 
 
 def test_scale_imputation_for_costs_that_grow_with_the_key():
