@@ -286,7 +286,7 @@ class AcceptanceStats:
                 weight *= 0.5 ** (max(0, now - e[2]) / half_life)
             if ratios:
                 weight *= min(1.0, e[1] / self.blend_samples)
-            out[i] = weight * (e[0] + shift[i]) + (1.0 - weight) * prior[i]
+            out[i] = weight * (e[0] + float(shift[i])) + (1.0 - weight) * float(prior[i])
 
     def _prior(self, n: int, u: np.ndarray, depth: int, room: np.ndarray | None
                ) -> np.ndarray:

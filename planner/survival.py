@@ -42,6 +42,8 @@ cached until a sample, the class mix or the level moves them.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .level import LevelShift, outcomes
@@ -79,6 +81,8 @@ class SurvivalCurves:
         # or the class mix changes it; and after the shift, with its running sum, cleared also
         # when the level moves.
         self._base: np.ndarray | None = None
+        self._through: int | None = None  # measured_through's answer: depths 1..t measured
+        self._placements: dict[tuple, tuple] = {}  # _placement's cache
         self._filled: tuple[np.ndarray, np.ndarray] | None = None
 
     # ---- updates ---------------------------------------------------------------------------
@@ -106,7 +110,7 @@ class SurvivalCurves:
                                                       np.zeros(self.max_depth + 1)])
                 self._record(curve[0], curve[1], accept[classes == c], depth)
                 self._class_fits.pop(c, None)
-        self._base = self._filled = None
+        self._base = self._filled = self._through = None
 
     def admit(self, new: int, total: int) -> None:
         """`new` of the next batch's `total` requests have no acceptance history yet."""
@@ -149,7 +153,10 @@ class SurvivalCurves:
 
     def measured_through(self, depth: int) -> bool:
         """Whether every depth 1..depth has been measured."""
-        return bool(np.isfinite(self.pooled[1:min(depth, self.max_depth) + 1]).all())
+        if self._through is None:  # depths 1..t measured (the fill asks for each depth)
+            unmeasured = np.flatnonzero(~np.isfinite(self.pooled[1:]))
+            self._through = int(unmeasured[0]) if unmeasured.size else self.max_depth
+        return min(depth, self.max_depth) <= self._through
 
     def has_class(self, c: int) -> bool:
         return c in self._by_class or c == self._alias
@@ -199,22 +206,43 @@ class SurvivalCurves:
         depths made non-increasing, a gap between them at 1.0, and depths past the deepest
         measured one, m, at s[m] q^(j-m), q the conditional acceptance per depth between m and
         the measured depth before it (depth 0 when there is none: s[0] = 1)."""
-        measured = np.isfinite(survival)
-        measured[0] = False
-        s = np.where(measured, survival, 1.0)
-        idx = np.flatnonzero(measured)
-        if idx.size > 1:
+        # Nine or so values, refitted on the host after every full-width step: plain floats.
+        values, w = survival.tolist(), weights.tolist()
+        idx = [j for j in range(1, len(values)) if math.isfinite(values[j])]  # measured
+        s = [1.0] * len(values)
+        if len(idx) > 1:
             cap = 1.0 / (1.0 - self.decay)  # an EMA's effective sample weight
-            s[idx] = non_increasing(survival[idx], np.minimum(weights[idx], cap))
-        if idx.size:
-            m = int(idx[-1])
-            before = int(idx[-2]) if idx.size > 1 else 0
+            picked = [values[j] for j in idx]
+            if any(b > a for a, b in zip(picked, picked[1:])):  # else the fit is the values
+                picked = pooled(picked, [min(w[j], cap) for j in idx])
+            for j, v in zip(idx, picked):
+                s[j] = v
+        elif idx:
+            s[idx[0]] = values[idx[0]]
+        if idx:
+            m = idx[-1]
+            before = idx[-2] if len(idx) > 1 else 0
             ref = s[before] if before else 1.0
             q = (s[m] / ref) ** (1.0 / (m - before)) if ref > 0 else 0.0
-            tail = np.arange(m + 1, s.size)
-            s[tail] = s[m] * q ** (tail - m)
+            for j in range(m + 1, len(s)):
+                s[j] = s[m] * q ** (j - m)
         s[0] = 0.0
-        return s
+        return np.array(s)
+
+    def _placement(self, n: int, u: np.ndarray, depth, room: np.ndarray | None) -> tuple:
+        """_place(), kept for the last few questions: while no request's end is within reach
+        a fresh plan asks the same ones as the one before it (the same N, candidates and
+        depths), and only the curve has moved."""
+        if room is not None and not (len(room) and np.min(room) >= self.max_depth):
+            return _place(n, u, depth, room, self.max_depth)
+        u = np.asarray(u)
+        key = (n, u.shape, u.tobytes(), np.shape(depth), np.asarray(depth).tobytes())
+        hit = self._placements.get(key)
+        if hit is None:
+            if len(self._placements) >= 16:
+                self._placements.clear()
+            hit = self._placements[key] = _place(n, u, depth, None, self.max_depth)
+        return hit
 
     def fills(self, n: int, u: np.ndarray, depth, room: np.ndarray | None,
               shifted: tuple[bool, ...] = (True,)) -> list[np.ndarray]:
@@ -228,26 +256,30 @@ class SurvivalCurves:
         rows in the first f levels and r = u - N draft rows to place: the f levels with
         R[f] <= r (at most d) commit sum_j c[j] s[j], and the r - R[f] rows of level f+1 commit
         s[f+1] each. depth: an int, or an int array broadcasting against u."""
-        k = self.max_depth
-        if room is None or (len(room) and np.min(room) >= k):  # no end within reach: all full
-            counts = np.full(k + 1, n, dtype=np.int64)
-        else:  # c[j] = #{i: room_i >= j}
-            counts = np.bincount(np.minimum(np.asarray(room, dtype=np.int64), k),
-                                 minlength=k + 1)[::-1].cumsum()[::-1]
-        counts[0] = 0
-        rows = counts.cumsum()  # [K+1] R[f]
-        levels = np.minimum(depth, k)
-        r = np.minimum(np.maximum(u - n, 0), rows[levels])  # draft rows placed
-        full = np.minimum(np.searchsorted(rows, r, side="right") - 1, levels)
-        partial = r - rows[full]  # [C] rows of level full+1 (0 once every level is full)
-        after = np.minimum(full + 1, k)
-        width = np.maximum(u, 1)
+        counts, full, partial, after, width = self._placement(n, u, depth, room)
         out = []
         for each in shifted:
             s = self.levels()[0] if each else self.base()
             gained = (counts * s).cumsum()  # [K+1] tokens of the first f levels
             out.append((n + gained[full] + partial * s[after]) / width)
         return out
+
+
+def _place(n: int, u: np.ndarray, depth, room: np.ndarray | None, k: int) -> tuple:
+    """Where fills() places u rows (see there): (c [K+1] rows per level, f the levels
+    filled, the rows of level f+1, f+1 capped at K, the width to divide by)."""
+    if room is None or (len(room) and np.min(room) >= k):  # no end within reach: all full
+        counts = np.full(k + 1, n, dtype=np.int64)
+    else:  # c[j] = #{i: room_i >= j}
+        counts = np.bincount(np.minimum(np.asarray(room, dtype=np.int64), k),
+                             minlength=k + 1)[::-1].cumsum()[::-1]
+    counts[0] = 0
+    rows = counts.cumsum()  # [K+1] R[f]
+    levels = np.minimum(depth, k)
+    r = np.minimum(np.maximum(u - n, 0), rows[levels])  # draft rows placed
+    full = np.minimum(np.searchsorted(rows, r, side="right") - 1, levels)
+    partial = r - rows[full]  # [C] rows of level full+1 (0 once every level is full)
+    return counts, full, partial, np.minimum(full + 1, k), np.maximum(u, 1)
 
 
 def _kinds(classes: np.ndarray | None) -> list[int]:
