@@ -259,6 +259,7 @@ class TokenCalibration:
 
     def _fit(self) -> tuple[float, float, float] | None:
         """(mean depth, mean ratio, slope) of the weighted line, None before a measurement."""
-        pts = [(d, (a + self.prior_drafts) / (p + self.prior_drafts), p + self.prior_drafts)
+        pts = [(float(d), (a + self.prior_drafts) / (p + self.prior_drafts),
+                p + self.prior_drafts)
                for d, (a, p) in enumerate(self._sums.tolist()) if p > 0]  # (d, ratio, w)
-        return weighted_line(*zip(*pts)) if pts else None
+        return weighted_line(*map(list, zip(*pts))) if pts else None
