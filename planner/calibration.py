@@ -92,7 +92,7 @@ class StepCalibration:
             i, j = row[key[1]], col[key[0]]
             w = cell[1] / (cell[1] + self.cell_prior)
             log_ratio[i, j] = w * self._mean(key, step) + (1.0 - w) * log_ratio[i, j]
-        return np.exp(np.clip(log_ratio, self.lo, self.hi))
+        return np.exp(np.minimum(np.maximum(log_ratio, self.lo), self.hi))  # np.clip, cheaper
 
     def samples(self, bucket: int, depth: int) -> int:
         """Periods seen in a (bucket, depth) cell."""
@@ -254,8 +254,8 @@ class TokenCalibration:
         if line is None:
             return np.ones(depths.shape)
         mean_d, mean_r, slope = line
-        return np.where(depths > 0, np.clip(mean_r + slope * (depths - mean_d), self.lo,
-                                            self.hi), 1.0)
+        line = np.minimum(np.maximum(mean_r + slope * (depths - mean_d), self.lo), self.hi)
+        return np.where(depths > 0, line, 1.0)
 
     def _fit(self) -> tuple[float, float, float] | None:
         """(mean depth, mean ratio, slope) of the weighted line, None before a measurement."""

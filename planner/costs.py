@@ -78,7 +78,7 @@ class CostTable:
         # unmeasured ones imputed, cleared on every update, since one cell moves the imputation
         # of others. Sorted columns and the donor order per column
         # change only when a column is added (columns are never removed).
-        self._cache: dict[int | None, tuple[np.ndarray, list[float]]] = {}  # array and list
+        self._cache: dict[int | None, list] = {}  # [array or None, list]
         self._imputed_from: dict[int | None, set] = {}  # column -> donors its vector read
         # per column: samples by row key, then 0 (beyond the largest), as an array and a list
         self._counts: dict[int | None, tuple[np.ndarray, list[int]]] = {}
@@ -363,6 +363,16 @@ class CostTable:
         return float(self._vector(column)[bisect.bisect_left(self._row_keys, key)])
 
     def _vector(self, column: int | None) -> np.ndarray:
+        """_vector_list() as an array (cached with it)."""
+        entry = self._cache.get(column)
+        if entry is None:
+            self._vector_list(column)
+            entry = self._cache[column]
+        if entry[0] is None:
+            entry[0] = np.array(entry[1], dtype=np.float64)
+        return entry[0]
+
+    def _vector_list(self, column: int | None) -> list[float]:
         """A column over every row key, unmeasured cells imputed (cached until an update).
 
         An unmeasured cell takes its value from the nearest column (in log context) that holds
@@ -370,9 +380,9 @@ class CostTable:
         two columns over those rows; with no such column, the nearest holder's value as is.
         Attention adds a roughly row-independent cost per context, so the shift learned on the
         buckets in use carries over to the others."""
-        vec = self._cache.get(column)
-        if vec is not None:
-            return vec[0]
+        entry = self._cache.get(column)
+        if entry is not None:
+            return entry[1]
         here = self._cells[column]
         remaining = {k for k in self._row_keys if k not in here}
         imputed: dict[int, float] = {}
@@ -413,15 +423,10 @@ class CostTable:
                     remaining.difference_update(holds)
                     if not remaining:
                         break
-        vec = np.array([here[k][0] if k in here else imputed.get(k, fallback.get(k))
-                        for k in self._row_keys], dtype=np.float64)
-        self._cache[column] = (vec, vec.tolist())
-        return vec
-
-    def _vector_list(self, column: int | None) -> list[float]:
-        """_vector() as a list (cached with it)."""
-        self._vector(column)
-        return self._cache[column][1]
+        values = [here[k][0] if k in here else imputed.get(k, fallback.get(k, math.nan))
+                  for k in self._row_keys]
+        self._cache[column] = [None, values]  # the array when first asked for (_vector)
+        return values
 
     def _column_counts(self, column: int | None) -> tuple[np.ndarray, list[int]]:
         """Each row key's samples in `column`, then 0 (beyond the largest key): [keys + 1],

@@ -119,6 +119,13 @@ class LightSpecPlanner(BasePlanner):
         self._stage2: _Grid | None = None  # stage 2's grid, within one plan() call
         self._buckets = np.asarray(spec.verify_buckets)
         self._choices = np.asarray(spec.choices)
+        self._next_of: tuple | None = None  # (the self._room it was for, _next())
+        # [D] the index of each choice's max(d - 1, 0) among the choices (None if one is not
+        # a choice): stage 2 reads a full proposal one shallower from the full widths it has
+        choices = self._choices.tolist()
+        shallower = [max(d - 1, 0) for d in choices]
+        self._one_less = (np.array([choices.index(d) for d in shallower])
+                          if set(shallower) <= set(choices) else None)
 
     # ---- planning --------------------------------------------------------------------------
 
@@ -248,8 +255,7 @@ class LightSpecPlanner(BasePlanner):
     def _ends_in_reach(self) -> int:
         """Requests whose next proposal cannot use the deepest draft: their end is within
         reach, so their room, not the statistics, bounds what a depth is worth."""
-        room = self._next_room()
-        return 0 if room is None else int(np.count_nonzero(room < self.spec.max_depth))
+        return self._next()[1]
 
     def _cold_depth(self) -> int:
         """Depth before the first statistics. With costs (the engine's sweep or its cached
@@ -328,7 +334,7 @@ class LightSpecPlanner(BasePlanner):
         probe); cap: the most tokens the proposal can commit."""
         keep = g.valid[row]
         u, step_ms = g.u[row][keep], g.step_ms[row][keep]
-        tokens = np.clip(u * g.progress[row][keep], n, cap)
+        tokens = np.minimum(np.maximum(u * g.progress[row][keep], n), cap)  # np.clip, cheaper
         if full:
             i = len(u) - 1
         else:  # chosen at the calibrated price; predicted_ms stays the model's (calibration.py)
@@ -338,7 +344,17 @@ class LightSpecPlanner(BasePlanner):
     def _next_room(self) -> np.ndarray | None:
         """[N] drafts each request can use in the next proposal: this step commits at least
         one of its remaining tokens, and the next one's bonus another."""
-        return None if self._room is None else np.maximum(self._room - 1, 0)
+        return self._next()[0]
+
+    def _next(self) -> tuple[np.ndarray | None, int]:
+        """(_next_room(), _ends_in_reach()), worked out once per plan() call (each call sets
+        a new self._room; stage 2 and the reuse key both read them)."""
+        room = self._room
+        if self._next_of is None or self._next_of[0] is not room:
+            nxt = None if room is None else np.maximum(room - 1, 0)
+            reach = 0 if nxt is None else int(np.count_nonzero(nxt < self.spec.max_depth))
+            self._next_of = (room, (nxt, reach))
+        return self._next_of[1]
 
     def _next_depth(self, costs: StepCosts, n: int) -> tuple[int, float]:
         """Stage 2: the depth whose best full-proposal configuration costs least per token.
@@ -349,7 +365,7 @@ class LightSpecPlanner(BasePlanner):
         room = self._next_room()
         full = np.minimum(full_rows(n, depths, room), self.spec.max_requests)  # [D]
         g = self._stage2 = self._grid(costs, n, depths, full, room)
-        tokens = np.clip(g.u * g.progress, n, full[:, None])  # [D, C]
+        tokens = np.minimum(np.maximum(g.u * g.progress, n), full[:, None])  # [D, C]
         if self.options.calibrate_tokens:  # the bonus tokens are certain; the drafts are not
             tokens = n + self.tokens.factors(depths)[:, None] * (tokens - n)
         useful = g.valid
@@ -360,8 +376,9 @@ class LightSpecPlanner(BasePlanner):
             # verifies no draft at all - yet the calibration's noise priced such cells within
             # the floor's 2% margin (math, n-gram, c = 16: the engine drafted depths 1-7 to
             # verify nothing on 4 steps in 10).
-            shallower = np.minimum(full_rows(n, np.maximum(depths - 1, 0), room),
-                                   self.spec.max_requests)  # [D]
+            one_less = self._one_less  # [D] where max(d - 1, 0) sits among the choices
+            shallower = full[one_less] if one_less is not None else np.minimum(
+                full_rows(n, np.maximum(depths - 1, 0), room), self.spec.max_requests)  # [D]
             useful = useful & ((depths == 0)[:, None] | (g.u > shallower[:, None]))
         j = np.where(useful, g.step_ms * g.scales / tokens, np.inf)
         best_by_depth = j.min(axis=1).tolist()  # [D]
