@@ -186,8 +186,7 @@ class BasePlanner:
             # The same step's device and host parts at the prices plan() last used for this
             # N (pricing another N here would evict plan()'s reused prices).
             costs = self._priced[1]
-            depth = np.array([plan.verified_depth])
-            device = float(costs.device_ms_grid(np.array([plan.verify_rows]), depth)[0, 0])
+            device = costs.device_ms(plan.verify_rows, plan.verified_depth)
             host = float(costs.host(plan.verified_depth > 0))
             self.host_overlap.observe(num_requests=plan.num_requests, device_ms=device,
                                       host_ms=host, period_ms=period_ms)

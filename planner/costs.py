@@ -182,7 +182,10 @@ class CostTable:
 
     def count(self, rows: int, context_len: float | None = None) -> int:
         """Samples folded into the cell that holds `rows` at `context_len` (0 if none)."""
-        return int(self.count_many([rows], context_len)[0])
+        if not self._row_keys:
+            return 0
+        counts = self._column_counts(self._column_for(context_len))[1]  # [keys + 1]
+        return counts[bisect.bisect_left(self._row_keys, rows)]  # 0 beyond the largest key
 
     def count_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
         """count() for each row count: [R] ints (plan() asks for every bucket at once)."""
@@ -360,7 +363,7 @@ class CostTable:
         cell = self._cells[column].get(key)
         if cell is not None:
             return cell[0]
-        return float(self._vector(column)[bisect.bisect_left(self._row_keys, key)])
+        return self._vector_list(column)[bisect.bisect_left(self._row_keys, key)]
 
     def _vector(self, column: int | None) -> np.ndarray:
         """_vector_list() as an array (cached with it)."""

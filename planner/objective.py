@@ -11,6 +11,7 @@ u = min(bucket, available) for each bucket from the one holding N up to the one 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,6 +154,18 @@ class StepCosts:
                    draft_tail=draft.estimate(max(num_requests, 1), context_len),
                    stage_by_depth=stage, host_ms=host,
                    host_draft_ms=host_draft, exposed=exposed)
+
+    def device_ms(self, bucket: int, depth: int) -> float:
+        """device_ms_grid() of one (bucket, depth), in floats: the loop prices each period's
+        step with it."""
+        verify = self.target_by_bucket[bucket]  # a KeyError for a bucket not priced
+        if depth <= 0:
+            return verify + 0.0
+        if self.stage_by_depth is None:
+            tail = (depth - 1) * self.draft_tail
+        else:
+            tail = self.stage_by_depth.get(depth, math.nan)
+        return verify + (self.draft_by_bucket[bucket] + tail)
 
     def depth_ms(self, depth: int) -> float:
         """The draft run's part after its first forward: the measured stage, (d-1) further
