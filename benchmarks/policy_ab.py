@@ -22,6 +22,10 @@ is deterministic, so each replayed plan meets the batch it was made for; the scr
 that (requests and their allowances) and exits 1 if one does not. With `planner_busy=true`
 as well, the live planner still plans every step and learns from every read-back, its plans
 thrown away: beside a plain replay, the same decisions with and without the planner's work.
+`plans_from=LABEL` (with replay_plans) serves the plans an earlier variant's pass recorded
+instead of the variant's own: variants that replay one pass run the very same steps, so
+`busy=...,planner_busy=true,plans_from=idle` beside `idle=dynamic:7,replay_plans=true` - or
+two planners' versions busy on one list - differ in the planner's host work alone.
 `planner_at=REV` builds the variant's planner from the planner package at git revision REV
 (planner_replay.planner_at), so a planner change runs against its predecessor in one process:
 
@@ -65,6 +69,7 @@ class Variant:
     floor_timed: int | None = None  # one floor step in N timed (None: the engine's FLOOR_TIMED)
     replay_plans: bool = False  # timed repeats replay one pass's plans, the planner idle
     planner_busy: bool = False  # ... the live planner still working, its plans discarded
+    plans_from: str | None = None  # ... the plans another (earlier) variant's pass recorded
 
 
 def parse_variant(text: str) -> Variant:
@@ -80,6 +85,7 @@ def parse_variant(text: str) -> Variant:
         k = 7
     options, force, catch_up, revision, timed = {}, None, True, None, None
     replay = busy = False
+    source = None
     for item in rest:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -87,6 +93,9 @@ def parse_variant(text: str) -> Variant:
                                              f"{item!r}")
         if key == "planner_at":  # a git revision, as written
             revision = value
+            continue
+        if key == "plans_from":  # a label, as written
+            source = value
             continue
         word = {"true": "True", "false": "False", "none": "None"}.get(value.lower(), value)
         try:
@@ -108,15 +117,17 @@ def parse_variant(text: str) -> Variant:
                 raise argparse.ArgumentTypeError(f"variant {text!r}: floor_timed must be >= 1")
         else:
             options[key] = parsed
-    if busy and not replay:
-        raise argparse.ArgumentTypeError(f"variant {text!r}: planner_busy needs replay_plans")
+    if (busy or source) and not replay:
+        raise argparse.ArgumentTypeError(f"variant {text!r}: planner_busy and plans_from need "
+                                         "replay_plans")
     tuned = options or force is not None or not catch_up or revision or timed or replay
     if tuned and name not in ("dynamic", "dspark"):
         raise argparse.ArgumentTypeError(f"variant {text!r}: planner options apply to dynamic "
                                          "and dspark policies only")
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,
                    force_depth=force, catch_up=catch_up, planner_at=revision,
-                   floor_timed=timed, replay_plans=replay, planner_busy=busy)
+                   floor_timed=timed, replay_plans=replay, planner_busy=busy,
+                   plans_from=source)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
@@ -197,11 +208,17 @@ class ReplayedPlans:
         return lambda *args, **kwargs: None
 
 
-def replay_plans(engine, prompts, params, *, busy: bool = False) -> ReplayedPlans:
+def replay_plans(engine, prompts, params, *, busy: bool = False,
+                 plans: list | None = None) -> ReplayedPlans:
     """One untimed pass with the engine's live planner, its plans recorded; the engine then
     plans with ReplayedPlans (unless `busy`, its feedback learns nothing and writes no cost
-    tables)."""
-    live, plans = engine.planner, []
+    tables). Given `plans` (another engine's recorded pass: ReplayedPlans.plans), it serves
+    those instead, with no pass of its own: engines that replay one list run the same steps,
+    whatever their planners would have decided."""
+    live = engine.planner
+    if plans is not None:
+        return _serve(engine, ReplayedPlans(plans, busy=live if busy else None), busy)
+    plans = []
 
     def recording(**kwargs):
         plan = live_plan(**kwargs)
@@ -215,7 +232,11 @@ def replay_plans(engine, prompts, params, *, busy: bool = False) -> ReplayedPlan
         engine.generate(prompts, params)
     finally:
         del live.plan  # the method again
-    script = ReplayedPlans(plans, busy=live if busy else None)
+    return _serve(engine, ReplayedPlans(plans, busy=live if busy else None), busy)
+
+
+def _serve(engine, script: ReplayedPlans, busy: bool) -> ReplayedPlans:
+    """The engine plans with `script` from now on."""
     engine.planner = script
     feedback = engine.planning.feedback
     if feedback is not None:
@@ -320,8 +341,15 @@ def main(argv: list[str] | None = None) -> int:
         engine.generate(prompts[:warm], [dataclasses.replace(p, max_tokens=4)
                                          for p in params[:warm]])
         repeats: list[list] = []  # per repeat: (read time, StepRecord, StepPlan) per step
-        script = (replay_plans(engine, prompts, params, busy=v.planner_busy)
-                  if v.replay_plans else None)
+        script = None
+        if v.replay_plans:
+            source = None
+            if v.plans_from is not None:
+                if v.plans_from not in runs or runs[v.plans_from][3] is None:
+                    raise SystemExit(f"{v.label}: plans_from={v.plans_from} names no earlier "
+                                     "variant with replay_plans")
+                source = runs[v.plans_from][3].plans
+            script = replay_plans(engine, prompts, params, busy=v.planner_busy, plans=source)
         engine.add_step_observer(lambda e, r=repeats: r[-1].append(
             (time.perf_counter(), e.record, e.plan)))
         runs[v.label] = (engine, repeats, [], script)

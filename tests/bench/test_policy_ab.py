@@ -40,10 +40,11 @@ def test_variants_parse_labels_options_and_a_forced_depth(bench):
     assert bench.parse_variant("r=dynamic:7,replay_plans=true").replay_plans
     assert not bench.parse_variant("dynamic:7").replay_plans
     assert bench.parse_variant("b=dynamic:7,replay_plans=true,planner_busy=true").planner_busy
+    assert bench.parse_variant("s=dynamic:7,replay_plans=true,plans_from=r").plans_from == "r"
     for bad in ("static:3,calibrate=false", "dynamic:7,calibrate", "dynamic:7,x=abc",
                 "dynamc:7", "static:3,catch_up=false", "dynamic:7,floor_timed=0",
                 "static:3,floor_timed=2", "static:3,replay_plans=true",
-                "dynamic:7,planner_busy=true"):
+                "dynamic:7,planner_busy=true", "dynamic:7,plans_from=r"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_variant(bad)
 
@@ -113,13 +114,24 @@ def test_replayed_plans_count_the_batches_they_do_not_fit(bench):
 
 def test_a_replayed_pass_meets_its_batches_and_serves_the_same_tokens(bench, capsys):
     # Greedy serving is deterministic: the live planner's pass, replayed, meets the same
-    # batches in every repeat (main() exits 1 otherwise), with the planner idle or busy.
+    # batches in every repeat (main() exits 1 otherwise), with the planner idle or busy, and
+    # in another engine (plans_from), which then runs the very same steps.
     code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
                        "--max-tokens", "6", "--repeats", "2", "dynamic:3",
                        "replayed=dynamic:3,replay_plans=true",
-                       "busy=dynamic:3,replay_plans=true,planner_busy=true"])
+                       "busy=dynamic:3,replay_plans=true,planner_busy=true",
+                       "shared=dynamic:3,replay_plans=true,planner_busy=true,"
+                       "plans_from=replayed"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "every variant's output equals dynamic:3's" in out
     replayed, busy = out.split("replayed ")[1], out.split("busy ")[1]
     assert "depths {" in replayed and "depths {" in busy
+    depths = {label: out.split(f"{label} ")[1].split("depths ")[1].split("}")[0]
+              for label in ("replayed", "shared")}
+    assert depths["shared"] == depths["replayed"], out
+    with pytest.raises(SystemExit, match="names no earlier variant"):
+        bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
+                    "--max-tokens", "6", "--repeats", "1",
+                    "early=dynamic:3,replay_plans=true,plans_from=late",
+                    "late=dynamic:3,replay_plans=true"])
