@@ -75,16 +75,17 @@ class CostTable:
         self._cells: dict[int | None, dict[int, list]] = {self._reference: {}}
         self._row_keys: list[int] = []
         # Derived lookups, rebuilt when stale. Per column, its cells over the row keys with
-        # unmeasured ones imputed, cleared on every update, since one cell moves the imputation
-        # of others. Sorted columns and the donor order per column
-        # change only when a column is added (columns are never removed).
-        self._cache: dict[int | None, list] = {}  # [array or None, list]
+        # unmeasured ones imputed ([array or None, list]), cleared when the column or a
+        # column it imputed from changes, all of them when a cell is added. Sorted columns
+        # and the donor order per column change only when a column is added (columns are
+        # never removed).
+        self._cache: dict[int | None, list] = {}
         self._imputed_from: dict[int | None, set] = {}  # column -> donors its vector read
         # per column: samples by row key, then 0 (beyond the largest), as an array and a list
         self._counts: dict[int | None, tuple[np.ndarray, list[int]]] = {}
         # Where given row counts land among the row keys (plan() asks for the same buckets
         # every step): rows -> _position(rows), until a key is added.
-        self._positions: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._positions: dict[tuple, tuple] = {}
         self.version = 0  # bumped on every change: callers cache what they derive by it
         self._contexts_cache: tuple[int, tuple[int, ...]] | None = None
         self._donor_cache: dict[int | None, list] = {}
@@ -133,9 +134,7 @@ class CostTable:
 
     def estimate(self, rows: int, context_len: float | None = None) -> float:
         """Estimated ms of one forward over `rows` rows at batch context `context_len`."""
-        if self.is_empty:
-            raise ValueError("cost table is empty: profile at least one row count first "
-                             "(planners check `is_empty` and plan full width until then)")
+        self._require_keys()
         if rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
         i = bisect.bisect_left(self._row_keys, rows)
@@ -146,9 +145,7 @@ class CostTable:
 
     def estimate_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
         """estimate() for each row count; float64 array in the order given."""
-        if self.is_empty:
-            raise ValueError("cost table is empty: profile at least one row count first "
-                             "(planners check `is_empty` and plan full width until then)")
+        self._require_keys()
         rows, at, beyond = self._position(rows)[:3]
         if rows.size and rows.min() < 1:
             raise ValueError(f"rows must be >= 1, got {int(rows.min())}")
@@ -200,8 +197,7 @@ class CostTable:
         """(estimate_many(), count_many()) as lists: plan() reads every bucket of a table at
         each fresh decision, and a handful of values costs the host less as floats than as
         arrays (the same operations in the same order: the same values)."""
-        if self.is_empty:
-            return self.estimate_many(rows, context_len), []  # raises
+        self._require_keys()
         _, _, _, values, at, beyond = self._position(rows)
         if min(values) < 1:
             raise ValueError(f"rows must be >= 1, got {min(values)}")
@@ -272,6 +268,11 @@ class CostTable:
                 f"contexts={len(self._cells)}, decay={self.decay})")
 
     # ---- internals -------------------------------------------------------------------------
+
+    def _require_keys(self) -> None:
+        if self.is_empty:
+            raise ValueError("cost table is empty: profile at least one row count first "
+                             "(planners check `is_empty` and plan full width until then)")
 
     def _clear_caches(self, column: int | None | object = _EVERY) -> None:
         """Drops what a change made stale: everything, or after a measured cell of `column`
