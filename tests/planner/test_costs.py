@@ -208,3 +208,31 @@ def test_more_rows_or_a_deeper_draft_are_never_priced_cheaper():
     rows = [costs.target_by_bucket[b] for b in (2, 4, 8)]
     assert rows[0] == pytest.approx(3.0)
     assert rows[1] == rows[2] == pytest.approx((1 * 4.0 + 10 * raw_rows) / 11)
+
+
+def test_one_cells_device_ms_is_the_grids():
+    # The loop prices each period's step with device_ms (floats, every step); it must be
+    # device_ms_grid's value exactly, with a measured stage, an autoregressive tail and a
+    # parallel drafter's block forward.
+    from lightspec_jax.planner import DrafterKind
+
+    rng = np.random.default_rng(3)
+    target = CostTable({b: 1.0 + rng.random() * b for b in (1, 2, 4, 8)})
+    draft = CostTable({b: 0.1 + rng.random() for b in (1, 2, 4, 8, 16)})
+    stage = CostTable({d: 0.2 * d + rng.random() for d in (1, 2, 3)})
+    for kind, depth_costs in ((DrafterKind.AUTOREGRESSIVE, stage),
+                              (DrafterKind.AUTOREGRESSIVE, None),
+                              (DrafterKind.PARALLEL, None)):
+        parallel = kind is DrafterKind.PARALLEL
+        spec = PlannerSpec(verify_buckets=(1, 2, 4, 8), max_depth=3, drafter_kind=kind,
+                           draft_depths=(3,) if parallel else (1, 2, 3),
+                           block_size=4 if parallel else None,
+                           block_lead=1 if parallel else None)
+        costs = StepCosts.price(spec, target, draft, num_requests=2, context_len=None,
+                                depth_costs=depth_costs)
+        for bucket in (1, 2, 4, 8):
+            for depth in range(4):
+                grid = costs.device_ms_grid(np.array([bucket]), np.array([depth]))[0, 0]
+                assert costs.device_ms(bucket, depth) == float(grid), (kind, bucket, depth)
+    with pytest.raises(KeyError):
+        costs.device_ms(3, 1)
