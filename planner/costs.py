@@ -28,7 +28,6 @@ import numpy as np
 
 _FORMAT = "lightspec-cost-table"
 _GRID_PER_DOUBLING = 4
-_EVERY = object()  # _clear_caches: every column
 
 
 def snap_context(context_len: float) -> int:
@@ -75,14 +74,12 @@ class CostTable:
         self._cells: dict[int | None, dict[int, list]] = {self._reference: {}}
         self._row_keys: list[int] = []
         # Derived lookups, rebuilt when stale. Per column, its cells over the row keys with
-        # unmeasured ones imputed ([array or None, list]), cleared when the column or a
-        # column it imputed from changes, all of them when a cell is added. Sorted columns
-        # and the donor order per column change only when a column is added (columns are
-        # never removed).
+        # unmeasured ones imputed (a list), cleared on every update, since one cell moves the
+        # imputation of others. Sorted columns and the donor order per column change only
+        # when a column is added (columns are never removed).
         self._cache: dict[int | None, list] = {}
-        self._imputed_from: dict[int | None, set] = {}  # column -> donors its vector read
-        # per column: samples by row key, then 0 (beyond the largest), as an array and a list
-        self._counts: dict[int | None, tuple[np.ndarray, list[int]]] = {}
+        # per column: samples by row key, then 0 (beyond the largest)
+        self._counts: dict[int | None, list[int]] = {}
         # Where given row counts land among the row keys (plan() asks for the same buckets
         # every step): rows -> _position(rows), until a key is added.
         self._positions: dict[tuple, tuple] = {}
@@ -145,15 +142,7 @@ class CostTable:
 
     def estimate_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
         """estimate() for each row count; float64 array in the order given."""
-        self._require_keys()
-        rows, at, beyond = self._position(rows)[:3]
-        if rows.size and rows.min() < 1:
-            raise ValueError(f"rows must be >= 1, got {int(rows.min())}")
-        out = self._at_context_all(context_len)[at]  # [R]
-        if not beyond.any():
-            return out
-        # above the largest key: cost_max * rows / rows_max, in estimate()'s order of operations
-        return np.where(beyond, out * rows / self._row_keys[-1], out)
+        return np.array(self.read_many(rows, context_len)[0], dtype=np.float64)
 
     # ---- updates ---------------------------------------------------------------------------
 
@@ -175,44 +164,41 @@ class CostTable:
         else:
             cell[0] = self.decay * cell[0] + (1.0 - self.decay) * ms
             cell[1] += 1
-            self._clear_caches(column)
+            self._clear_caches()
 
     def count(self, rows: int, context_len: float | None = None) -> int:
         """Samples folded into the cell that holds `rows` at `context_len` (0 if none)."""
         if not self._row_keys:
             return 0
-        counts = self._column_counts(self._column_for(context_len))[1]  # [keys + 1]
+        counts = self._column_counts(self._column_for(context_len))  # [keys + 1]
         return counts[bisect.bisect_left(self._row_keys, rows)]  # 0 beyond the largest key
 
     def count_many(self, rows: Iterable[int], context_len: float | None = None) -> np.ndarray:
         """count() for each row count: [R] ints (plan() asks for every bucket at once)."""
-        counts = self._column_counts(self._column_for(context_len))[0]
         if not self._row_keys:
             return np.zeros(len(list(rows)), dtype=np.int64)
-        _, at, beyond = self._position(rows)[:3]
-        return counts[np.where(beyond, len(self._row_keys), at)]
+        return np.array(self._counts_of(self._position(rows), context_len), dtype=np.int64)
 
-    def read_many(self, rows: tuple[int, ...], context_len: float | None = None
+    def read_many(self, rows: Iterable[int], context_len: float | None = None
                   ) -> tuple[list[float], list[int]]:
         """(estimate_many(), count_many()) as lists: plan() reads every bucket of a table at
         each fresh decision, and a handful of values costs the host less as floats than as
-        arrays (the same operations in the same order: the same values)."""
+        arrays."""
         self._require_keys()
-        _, _, _, values, at, beyond = self._position(rows)
-        if min(values) < 1:
+        where = values, at, beyond = self._position(rows)
+        if values and min(values) < 1:
             raise ValueError(f"rows must be >= 1, got {min(values)}")
         lo, w, hi = self._interpolation(context_len)
-        low = self._vector_list(lo)
+        low = self._vector(lo)
         if w is None:
             ms = [low[i] for i in at]
         else:
-            high = self._vector_list(hi)
+            high = self._vector(hi)
             ms = [(1.0 - w) * low[i] + w * high[i] for i in at]
-        if any(beyond):
+        if any(beyond):  # cost_max * rows / rows_max, in estimate()'s order of operations
             largest = self._row_keys[-1]
             ms = [m * r / largest if b else m for m, r, b in zip(ms, values, beyond)]
-        counts = self._column_counts(self._column_for(context_len))[1]
-        return ms, [counts[-1] if b else counts[i] for i, b in zip(at, beyond)]
+        return ms, self._counts_of(where, context_len)
 
     # ---- persistence -----------------------------------------------------------------------
 
@@ -274,21 +260,9 @@ class CostTable:
             raise ValueError("cost table is empty: profile at least one row count first "
                              "(planners check `is_empty` and plan full width until then)")
 
-    def _clear_caches(self, column: int | None | object = _EVERY) -> None:
-        """Drops what a change made stale: everything, or after a measured cell of `column`
-        moved (no key or cell added), that column's vector and counts and the vectors that
-        imputed a cell from it - the refresh moves a cell or two of one column every step, and
-        plan() reads every column near the batch's context."""
-        if column is _EVERY:
-            self._cache.clear()
-            self._counts.clear()
-            self._imputed_from.clear()
-        else:
-            self._counts.pop(column, None)
-            self._cache.pop(column, None)
-            for other in [c for c, donors in self._imputed_from.items() if column in donors]:
-                self._cache.pop(other, None)
-                del self._imputed_from[other]
+    def _clear_caches(self) -> None:
+        self._cache.clear()
+        self._counts.clear()
         self.version += 1
 
     def _set(self, rows: int, column: int | None, ms: float, *, count: int) -> None:
@@ -299,21 +273,26 @@ class CostTable:
             self._positions.clear()
         self._clear_caches()
 
-    def _position(self, rows: Iterable[int]) -> tuple:
-        """(rows [R] int64, the key index each costs as [R], whether it lies beyond the
-        largest key [R], then the same three as lists); the table must hold a key. Cached by
-        rows until a key is added (a plan() asks for the same buckets and depths every step)."""
+    def _position(self, rows: Iterable[int]) -> tuple[list[int], list[int], list[bool]]:
+        """(rows [R], the key index each costs as [R], whether it lies beyond the largest key
+        [R]); the table must hold a key. Cached by rows until a key is added (a plan() asks
+        for the same buckets and depths every step)."""
         key = rows if isinstance(rows, tuple) else tuple(np.asarray(rows).ravel().tolist())
         hit = self._positions.get(key)
         if hit is None:
             if len(self._positions) >= 64:  # callers with ever new rows: stay small
                 self._positions.clear()
-            values = np.asarray(key, dtype=np.int64)  # [R]
-            i = np.searchsorted(np.asarray(self._row_keys), values, side="left")  # [R]
-            at, beyond = np.minimum(i, len(self._row_keys) - 1), i == len(self._row_keys)
-            hit = (values, at, beyond, list(key), at.tolist(), beyond.tolist())
+            keys, last = self._row_keys, len(self._row_keys) - 1
+            found = [bisect.bisect_left(keys, r) for r in key]
+            hit = (list(key), [min(i, last) for i in found], [i > last for i in found])
             self._positions[key] = hit
         return hit
+
+    def _counts_of(self, where: tuple, context_len: float | None) -> list[int]:
+        """The samples of each cell `where` (_position) names, in the column of the context."""
+        counts = self._column_counts(self._column_for(context_len))  # [keys + 1]
+        _, at, beyond = where
+        return [counts[-1] if b else counts[i] for i, b in zip(at, beyond)]
 
     def _column_for(self, context_len: float | None) -> int | None:
         if not self._context_axis:
@@ -323,25 +302,10 @@ class CostTable:
     def _at_context(self, key: int, context_len: float | None) -> float:
         if not self._context_axis:
             return self._cells[None][key][0]  # a context-free table measures every key
-        if context_len is None:
-            return self._cell(key, self._reference)
-        columns = self.contexts
-        x = float(context_len)
-        j = bisect.bisect_right(columns, x)
-        if j == 0:
-            return self._cell(key, columns[0])
-        if j == len(columns):
-            return self._cell(key, columns[-1])
-        lo, hi = columns[j - 1], columns[j]
-        w = (x - lo) / (hi - lo)
-        return (1.0 - w) * self._cell(key, lo) + w * self._cell(key, hi)
-
-    def _at_context_all(self, context_len: float | None) -> np.ndarray:
-        """_at_context() for every row key at once: [keys] ms."""
         lo, w, hi = self._interpolation(context_len)
         if w is None:
-            return self._vector(lo)
-        return (1.0 - w) * self._vector(lo) + w * self._vector(hi)
+            return self._cell(key, lo)
+        return (1.0 - w) * self._cell(key, lo) + w * self._cell(key, hi)
 
     def _interpolation(self, context_len: float | None) -> tuple:
         """(lo, w, hi): a context's ms is (1 - w) ms(lo) + w ms(hi) between the columns around
@@ -364,19 +328,9 @@ class CostTable:
         cell = self._cells[column].get(key)
         if cell is not None:
             return cell[0]
-        return self._vector_list(column)[bisect.bisect_left(self._row_keys, key)]
+        return self._vector(column)[bisect.bisect_left(self._row_keys, key)]
 
-    def _vector(self, column: int | None) -> np.ndarray:
-        """_vector_list() as an array (cached with it)."""
-        entry = self._cache.get(column)
-        if entry is None:
-            self._vector_list(column)
-            entry = self._cache[column]
-        if entry[0] is None:
-            entry[0] = np.array(entry[1], dtype=np.float64)
-        return entry[0]
-
-    def _vector_list(self, column: int | None) -> list[float]:
+    def _vector(self, column: int | None) -> list[float]:
         """A column over every row key, unmeasured cells imputed (cached until an update).
 
         An unmeasured cell takes its value from the nearest column (in log context) that holds
@@ -384,21 +338,19 @@ class CostTable:
         two columns over those rows; with no such column, the nearest holder's value as is.
         Attention adds a roughly row-independent cost per context, so the shift learned on the
         buckets in use carries over to the others."""
-        entry = self._cache.get(column)
-        if entry is not None:
-            return entry[1]
+        vec = self._cache.get(column)
+        if vec is not None:
+            return vec
         here = self._cells[column]
         remaining = {k for k in self._row_keys if k not in here}
         imputed: dict[int, float] = {}
         fallback: dict[int, float] = {}  # nearest holder's own value
-        donors = self._imputed_from[column] = set()
         if remaining:
             for donor in self._donor_order(column):
                 there = self._cells[donor]
                 holds = remaining.intersection(there)
                 if not holds:
                     continue
-                donors.add(donor)
                 for k in holds:
                     fallback.setdefault(k, there[k][0])
                 shared = [r for r in here if r in there]
@@ -429,17 +381,17 @@ class CostTable:
                         break
         values = [here[k][0] if k in here else imputed.get(k, fallback.get(k, math.nan))
                   for k in self._row_keys]
-        self._cache[column] = [None, values]  # the array when first asked for (_vector)
+        self._cache[column] = values
         return values
 
-    def _column_counts(self, column: int | None) -> tuple[np.ndarray, list[int]]:
-        """Each row key's samples in `column`, then 0 (beyond the largest key): [keys + 1],
-        as an array and a list (cached until the column changes)."""
+    def _column_counts(self, column: int | None) -> list[int]:
+        """Each row key's samples in `column`, then 0 (beyond the largest key): [keys + 1]
+        (cached until the column changes)."""
         counts = self._counts.get(column)
         if counts is None:
             cells = self._cells.get(column, {})
-            values = [cells[k][1] if k in cells else 0 for k in self._row_keys] + [0]
-            counts = self._counts[column] = (np.array(values, dtype=np.int64), values)
+            counts = [cells[k][1] if k in cells else 0 for k in self._row_keys] + [0]
+            self._counts[column] = counts
         return counts
 
     def _donor_order(self, column: int | None) -> list:

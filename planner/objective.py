@@ -113,7 +113,6 @@ class StepCosts:
             np.array([self.draft_by_bucket[b] for b in buckets.tolist()]),
             None if self.stage_by_depth is None else np.array(
                 [self.stage_by_depth.get(d, np.nan) for d in range(depths + 1)])))
-        object.__setattr__(self, "_columns", {})  # buckets.tobytes() -> their indices
 
     @classmethod
     def price(cls, spec: PlannerSpec, target: CostTable, draft: CostTable, *,
@@ -202,15 +201,9 @@ class StepCosts:
     def device_ms_grid(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """The device's part of step_ms_grid: verify, then the draft run ([D] x [C] -> [D, C])."""
         every, verify_ms, first_ms, _ = self._arrays
-        buckets = np.asarray(buckets)
-        at = self._columns.get(buckets.tobytes())  # plan() asks for the same few sets
-        if at is None:
-            at = np.searchsorted(every, buckets)  # [C]
-            if (at >= len(every)).any() or (
-                    every[np.minimum(at, len(every) - 1)] != buckets).any():
-                raise KeyError(f"buckets {buckets} are not all priced ({every.tolist()})")
-            if buckets.dtype == every.dtype:  # the bytes name these values in this dtype
-                self._columns[buckets.tobytes()] = at
+        at = np.searchsorted(every, buckets)  # [C]
+        if (at >= len(every)).any() or (every[np.minimum(at, len(every) - 1)] != buckets).any():
+            raise KeyError(f"buckets {buckets} are not all priced ({every.tolist()})")
         depths = np.asarray(depths)
         tail = self._stage_ms(depths)  # [D]
         drafts = (depths > 0)[:, None]  # [D, 1]

@@ -163,7 +163,7 @@ def test_estimate_many_is_estimate_for_each_row_count_with_contexts():
             for context in (None, float(rng.integers(0, 8000))):
                 want = [table.estimate(int(q), context) for q in queries]
                 assert table.estimate_many(queries, context).tolist() == want
-                # an update drops only the cached columns it moved: the rest still hold
+                # what the table keeps cached between updates is what a fresh one reads
                 assert fresh.estimate_many(queries, context).tolist() == want
                 # read_many, the planner's list path, reads the same values and counts
                 assert table.read_many(tuple(queries.tolist()), context) == (
