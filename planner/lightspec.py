@@ -26,8 +26,9 @@ unmeasured rival depth so that the calibration can compare it (`_rival`). Stage 
 each depth's predicted drafts by what verified proposals of that depth accepted against their
 prediction (calibration.TokenCalibration: the winner's curse of choosing deep on high
 estimates), an autoregressive drafter's stage is priced on its line in depth rather than by
-noisy single cells (objective._depth_line), and the survival learns from trimmed steps at the
-depths every request verified, from a weak prior (stats.py, survival.py).
+noisy single cells (objective._depth_line), the survival learns from trimmed steps at the
+depths every request verified, from a weak prior (stats.py, survival.py), and a fill of more
+rows is never expected to commit fewer tokens than a smaller one (`_in_order`).
 
 Deciding is most of plan()'s host time, so a decision may serve the next few steps of nearly
 the same shape (reuse.py).
@@ -58,7 +59,17 @@ from .objective import StepCosts, first_best
 from .options import LightSpecOptions
 from .reuse import DecisionReuse
 from .stats import AcceptanceStats
+from .survival import non_increasing
 from .types import PlannerSpec, StepObservation, StepPlan
+
+
+def _in_order(tokens: np.ndarray) -> np.ndarray:
+    """[C] expected tokens of fills of ascending rows at one (N, d) -> the least-squares
+    non-decreasing fit (pooling adjacent violators): more rows verify a superset of fewer
+    rows' positions (the top-B fill is nested), so they never commit fewer tokens."""
+    if not (tokens[1:] < tokens[:-1]).any():
+        return tokens
+    return -non_increasing(-tokens, np.ones(len(tokens)))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -206,8 +217,13 @@ class LightSpecPlanner(DecisionReuse, BasePlanner):
                                 exposed=self.host_overlap.exposed(num_requests),
                                 linear_depth=self.linear_depth)
         bucket = np.array([self.spec.bucket_for(fill_rows)])
-        progress = self.stats.progress(num_requests, fill_rows, depth, now=self.steps)
-        tokens = min(max(fill_rows * progress, num_requests), num_requests * (depth + 1))
+        # as _grid prices it: in order with the smaller candidate fills
+        buckets = self._buckets
+        rows = np.minimum(buckets[(buckets >= num_requests) & (buckets <= bucket[0])], fill_rows)
+        rows = rows if len(rows) else np.array([fill_rows])  # [C] candidates up to fill_rows
+        progress = self.stats.progress_many(num_requests, rows, depth, now=self.steps)
+        tokens = min(max(float(_in_order(rows * progress)[-1]), num_requests),
+                     num_requests * (depth + 1))
         if self.options.calibrate_tokens:  # as stage 2 prices a depth
             tokens = num_requests + float(self.tokens.factors([depth])[0]) * (
                 tokens - num_requests)
@@ -226,6 +242,17 @@ class LightSpecPlanner(DecisionReuse, BasePlanner):
         u = np.minimum(cols[None, :], full[:, None])  # [D, C]
         valid = np.arange(len(cols))[None, :] <= (hi - lo)[:, None]  # [D, C]
         progress = self.stats.progress_grid(n, u, depths, now=self.steps, room=room)
+        # The estimates come from different sources (a trimmed key's EMA, the survival at
+        # full width) that need not agree that more rows commit more tokens (n-gram,
+        # ShareGPT, c = 1, depth 3: 3 rows priced at 1.90 tokens, 4 rows at 1.87): a row out
+        # of order is put in order (_in_order: least squares, where a running maximum would
+        # lift each candidate to the noisiest estimate before it).
+        tokens = u * progress  # [D, C]; u ascends along C
+        for i in np.flatnonzero((tokens[:, 1:] < tokens[:, :-1]).any(axis=1)).tolist():
+            k = int(np.count_nonzero(valid[i]))  # valid columns: a prefix
+            tokens[i, :k] = _in_order(tokens[i, :k])
+            tokens[i, k:] = tokens[i, k - 1]
+            progress[i] = tokens[i] / u[i]
         return _Grid(depths=depths, full=full, u=u, valid=valid, progress=progress,
                      step_ms=costs.step_ms_grid(cols, depths), scales=self._scales(cols, depths),
                      buckets=cols)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from lightspec_jax.planner import CostTable, make_planner
+from lightspec_jax.planner.survival import non_increasing
 from test_lightspec import observe, spec
 
 
@@ -36,8 +37,10 @@ def test_stage_two_searches_every_depth_like_the_per_depth_loop():
             best = []
             for depth in s.draft_depths:
                 u, b = candidate_rows(s, n, min(n * (depth + 1), s.max_requests))
-                tokens = np.clip(u * p.stats.progress_many(n, u, depth, now=p.steps), n,
-                                 n * (depth + 1))
+                tokens = u * p.stats.progress_many(n, u, depth, now=p.steps)  # u ascends
+                if (np.diff(tokens) < 0).any():  # in order: least squares, non-decreasing
+                    tokens = -non_increasing(-tokens, np.ones(len(tokens)))
+                tokens = np.clip(tokens, n, n * (depth + 1))
                 tokens = n + p.tokens.factors([depth])[0] * (tokens - n)  # drafts calibrated
                 best.append(float(np.min(costs.step_ms(b, depth) / tokens)))
             want = next(d for d, j in zip(s.draft_depths, best)
@@ -87,3 +90,36 @@ def test_stage_one_read_from_stage_two_equals_its_own_pricing():
             del p._grid
             p._stage2 = None
     assert reused > 20  # the shortcut was exercised
+
+
+def test_more_rows_never_price_fewer_tokens():
+    # A fill of u + 1 rows verifies every position a fill of u rows does, so the planner
+    # never expects it to commit fewer tokens - even when its estimates disagree: here a
+    # trimmed key's EMA (1 request, 3 rows, depth 3: both drafts accepted every time) says
+    # more than the pooled survival says of the full 4 rows (n-gram, ShareGPT, c = 1).
+    from lightspec_jax.planner import StepPlan
+    from lightspec_jax.planner.objective import StepCosts
+
+    s = spec(k=3, buckets=(1, 2, 3, 4))
+    costs = {b: 1.0 + 0.1 * b for b in s.verify_buckets}
+    p = make_planner("dynamic", s, target_costs=CostTable(costs),
+                     draft_costs=CostTable({b: 0.1 for b in s.verify_buckets}))
+    rng = np.random.default_rng(0)
+    for step in range(64):
+        full = step % 2 == 0
+        plan = StepPlan(num_requests=1, num_with_proposal=1, verified_depth=3,
+                        fill_rows=4 if full else 3, verify_rows=4 if full else 3,
+                        draft_depth=3, update_stats=True, reason="plan", full_rows=4)
+        accept = [min(int(rng.geometric(0.6)), 4)] if full else [3]
+        observe(p, plan, accept)
+    c = StepCosts.price(s, p.target_costs, p.draft_costs, num_requests=1, context_len=None)
+    u = np.array([[1, 2, 3, 4]])
+    raw = u[0] * p.stats.progress_grid(1, u, np.array([3]), now=p.steps)[0]
+    assert raw[2] > raw[3]  # the estimates disagree: the test has teeth
+    g = p._grid(c, 1, np.array([3]), np.array([4]), None)
+    tokens = g.u[0] * g.progress[0]
+    assert np.all(np.diff(tokens) >= -1e-12)
+    assert tokens[3] == pytest.approx((raw[2] + raw[3]) / 2)  # pooled, not lifted
+    assert p.ms_per_token(num_requests=1, fill_rows=4, depth=3) == pytest.approx(
+        float(c.step_ms(np.array([4]), 3)[0]) / (
+            1 + p.tokens.factors([3])[0] * ((raw[2] + raw[3]) / 2 - 1)))
