@@ -59,7 +59,7 @@ from .objective import StepCosts, first_best
 from .options import LightSpecOptions
 from .reuse import DecisionReuse
 from .stats import AcceptanceStats
-from .survival import non_increasing
+from .survival import pooled
 from .types import PlannerSpec, StepObservation, StepPlan
 
 
@@ -69,7 +69,8 @@ def _in_order(tokens: np.ndarray) -> np.ndarray:
     rows' positions (the top-B fill is nested), so they never commit fewer tokens."""
     if not (tokens[1:] < tokens[:-1]).any():
         return tokens
-    return -non_increasing(-tokens, np.ones(len(tokens)))
+    fit = pooled([-x for x in tokens.tolist()], [1.0] * len(tokens))  # a handful, in floats
+    return np.array([-x for x in fit])
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
