@@ -28,7 +28,7 @@ prediction (calibration.TokenCalibration: the winner's curse of choosing deep on
 estimates), an autoregressive drafter's stage is priced on its line in depth rather than by
 noisy single cells (objective._depth_line), the survival learns from trimmed steps at the
 depths every request verified, from a weak prior (stats.py, survival.py), and a fill of more
-rows is never expected to commit fewer tokens than a smaller one (`_in_order`).
+rows is never expected to commit fewer tokens than a smaller one (`_grid`).
 
 Deciding is most of plan()'s host time, so a decision may serve the next few steps of nearly
 the same shape (reuse.py).
@@ -59,18 +59,8 @@ from .objective import StepCosts, first_best
 from .options import LightSpecOptions
 from .reuse import DecisionReuse
 from .stats import AcceptanceStats
-from .survival import pooled
+from .survival import non_decreasing
 from .types import PlannerSpec, StepObservation, StepPlan
-
-
-def _in_order(tokens: np.ndarray) -> np.ndarray:
-    """[C] expected tokens of fills of ascending rows at one (N, d) -> the least-squares
-    non-decreasing fit (pooling adjacent violators): more rows verify a superset of fewer
-    rows' positions (the top-B fill is nested), so they never commit fewer tokens."""
-    if not (tokens[1:] < tokens[:-1]).any():
-        return tokens
-    fit = pooled([-x for x in tokens.tolist()], [1.0] * len(tokens))  # a handful, in floats
-    return np.array([-x for x in fit])
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -217,18 +207,19 @@ class LightSpecPlanner(DecisionReuse, BasePlanner):
                                 host_draft_costs=self.host_draft_costs,
                                 exposed=self.host_overlap.exposed(num_requests),
                                 linear_depth=self.linear_depth)
-        bucket = np.array([self.spec.bucket_for(fill_rows)])
-        # as _grid prices it: in order with the smaller candidate fills
-        buckets = self._buckets
-        rows = np.minimum(buckets[(buckets >= num_requests) & (buckets <= bucket[0])], fill_rows)
-        rows = rows if len(rows) else np.array([fill_rows])  # [C] candidates up to fill_rows
-        progress = self.stats.progress_many(num_requests, rows, depth, now=self.steps)
-        tokens = min(max(float(_in_order(rows * progress)[-1]), num_requests),
+        if fill_rows < num_requests:
+            raise ValueError(f"fill_rows ({fill_rows}) must be >= num_requests "
+                             f"({num_requests})")
+        self.spec.bucket_for(fill_rows)  # raises past the largest bucket
+        # fill_rows is the last candidate of its own grid row: priced as plan() prices it
+        g = self._grid(costs, num_requests, np.array([depth]), np.array([fill_rows]), None)
+        last = int(np.count_nonzero(g.valid[0])) - 1
+        tokens = min(max(float(g.u[0, last] * g.progress[0, last]), num_requests),
                      num_requests * (depth + 1))
         if self.options.calibrate_tokens:  # as stage 2 prices a depth
             tokens = num_requests + float(self.tokens.factors([depth])[0]) * (
                 tokens - num_requests)
-        return float(costs.step_ms(bucket, depth)[0]) / tokens
+        return float(g.step_ms[0, last]) / tokens
 
     def _grid(self, costs: StepCosts, n: int, depths: np.ndarray, full: np.ndarray,
               room: np.ndarray | None) -> _Grid:
@@ -246,12 +237,12 @@ class LightSpecPlanner(DecisionReuse, BasePlanner):
         # The estimates come from different sources (a trimmed key's EMA, the survival at
         # full width) that need not agree that more rows commit more tokens (n-gram,
         # ShareGPT, c = 1, depth 3: 3 rows priced at 1.90 tokens, 4 rows at 1.87): a row out
-        # of order is put in order (_in_order: least squares, where a running maximum would
-        # lift each candidate to the noisiest estimate before it).
+        # of order takes the least-squares non-decreasing fit, where a running maximum would
+        # lift each candidate to the noisiest estimate before it.
         tokens = u * progress  # [D, C]; u ascends along C
         for i in np.flatnonzero((tokens[:, 1:] < tokens[:, :-1]).any(axis=1)).tolist():
             k = int(np.count_nonzero(valid[i]))  # valid columns: a prefix
-            tokens[i, :k] = _in_order(tokens[i, :k])
+            tokens[i, :k] = non_decreasing(tokens[i, :k].tolist())
             tokens[i, k:] = tokens[i, k - 1]
             progress[i] = tokens[i] / u[i]
         return _Grid(depths=depths, full=full, u=u, valid=valid, progress=progress,

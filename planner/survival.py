@@ -316,6 +316,14 @@ def non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.array(pooled(values.tolist(), np.asarray(weights, np.float64).tolist()))
 
 
+def non_decreasing(values: list[float]) -> list[float]:
+    """Least-squares fit of a non-decreasing sequence, equal weights (pooled(), mirrored): the
+    planner's expected tokens over a depth's candidate fills (LightSpecPlanner._grid), since a
+    fill of more rows verifies a superset of a smaller one's positions (the top-B fill is
+    nested) and never commits fewer tokens."""
+    return [-v for v in pooled([-v for v in values], [1.0] * len(values))]
+
+
 def pooled(values: list[float], weights: list[float]) -> list[float]:
     """non_increasing() on lists of floats (a handful of them, on the host every step)."""
     blocks: list[list[float]] = []  # [weighted mean, weight, length]
