@@ -22,8 +22,8 @@ are kept per sampling class and follow the batch's acceptance level (stats.py, s
 level.py); host time is priced apart for drafting steps; and both stages choose at calibrated
 prices: the model's step ms times what the loop's measured periods say that (bucket, depth)
 cell and its regime really cost (calibration.py), with an occasional visit to a close,
-unmeasured rival depth so that the calibration can compare it (`_rival`). Stage 2 also scales
-each depth's predicted drafts by what verified proposals of that depth accepted against their
+unmeasured rival depth so that the calibration can compare it (explore.py). Stage 2 also
+scales each depth's predicted drafts by what verified proposals of that depth accepted against their
 prediction (calibration.TokenCalibration: the winner's curse of choosing deep on high
 estimates), an autoregressive drafter's stage is priced on its line in depth rather than by
 noisy single cells (objective._depth_line), the survival learns from trimmed steps at the
@@ -31,18 +31,8 @@ depths every request verified, from a weak prior (stats.py, survival.py), and a 
 rows is never expected to commit fewer tokens than a smaller one (`_grid`).
 
 Deciding is most of plan()'s host time, so a decision may serve the next few steps of nearly
-the same shape (reuse.py).
-
-Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
-planner trims or drafts shallow, deeper positions are verified only for confident requests or
-not at all, and their full-width survival stops being refreshed; if acceptance then rises, the
-stale estimates keep the planner shallow. A probe drafts depth 2d+1 (d the current best depth,
-capped at the deepest allowed) and verifies it at full width on the next step. Doubling rather
-than jumping to the deepest depth keeps a probe's cost in proportion to normal steps, and a
-planner whose best depth grows climbs there in a few probes. Probes are budgeted: one runs when
-its estimated extra cost (its ms minus its tokens priced at the current best ms/token) is at
-most `explore_fraction` of the step time spent since the last probe, and at least
-`min_probe_interval` steps apart.
+the same shape (reuse.py). Probes and visits to rival depths keep the deep statistics and
+the calibration of close rivals current (explore.py).
 """
 
 from __future__ import annotations
@@ -55,6 +45,7 @@ import numpy as np
 from .base import BasePlanner, Sample, full_rows
 from .calibration import TokenCalibration
 from .costs import CostTable
+from .explore import Exploration
 from .objective import StepCosts, first_best
 from .options import LightSpecOptions
 from .reuse import DecisionReuse
@@ -77,7 +68,7 @@ class _Grid:
     buckets: np.ndarray  # [C]
 
 
-class LightSpecPlanner(DecisionReuse, BasePlanner):
+class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
     """Dynamic verify budget and draft depth (training-free)."""
 
     name = "dynamic"
@@ -106,13 +97,9 @@ class LightSpecPlanner(DecisionReuse, BasePlanner):
                                      prior_accept=self.options.survival_prior_accept)
         self.linear_depth = self.options.linear_depth
         self.tokens = TokenCalibration()  # predicted vs accepted drafts by depth
-        self._probe_depth = 0  # depth of the pending probe's proposal; 0: no probe pending
-        self._last_probe_step = 0
-        self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
+        self._init_explore()
         self._init_reuse(self.options.replan_every)
         self._scale_cache: tuple | None = None  # (key, [D, C] calibration factors)
-        self._last_rival_step = 0
-        self._by_depth: tuple = ((), (), [])  # stage 2's prices by depth (for _rival)
         self._stage2: _Grid | None = None  # stage 2's grid, within one plan() call
         self._buckets = np.asarray(spec.verify_buckets)
         self._choices = np.asarray(spec.choices)
@@ -173,12 +160,6 @@ class LightSpecPlanner(DecisionReuse, BasePlanner):
         self._stage2 = None  # priced for this call only
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
                           predicted_ms=step_ms, predicted_tokens=tokens)
-
-    def _end_probe(self) -> None:
-        """The pending probe is verified or dropped: the next one is budgeted from here."""
-        self._probe_depth = 0
-        self._last_probe_step = self.steps
-        self._spent_since_probe = 0.0
 
     def _cold_depth(self) -> int:
         """Depth before the first statistics. With costs (the engine's sweep or its cached
@@ -335,51 +316,6 @@ class LightSpecPlanner(DecisionReuse, BasePlanner):
         # [D] each depth's best price and its bucket, for _rival
         self._by_depth = (depths, g.buckets[np.argmin(j, axis=1)], best_by_depth)
         return best_depth, best_j
-
-    def _rival(self, best_depth: int, best_j: float) -> int | None:
-        """A depth to visit instead of the best, so the whole-step calibration measures it:
-        of the depths priced within `rival_window` of the best whose (bucket, depth) cell has
-        fewer than 4 periods, the least measured (then the cheapest), at most once every
-        `min_probe_interval` steps. A rival the model prices close may really be the better
-        one (the model adds host time that the loop partly hides); this is how the
-        calibration gets to compare them."""
-        window = self.options.rival_window
-        if (not self.options.calibrate or window <= 0.0 or not math.isfinite(best_j)
-                or self.options.explore_fraction <= 0.0  # exploration off: no visits either
-                or self.steps - self._last_rival_step < self.options.min_probe_interval):
-            return None
-        depths, buckets, j = self._by_depth
-        cal = self.calibration
-        close = [(value, int(d)) for d, b, value in zip(depths.tolist(), buckets.tolist(), j)
-                 if d != best_depth and value <= best_j * (1.0 + window)
-                 and cal.samples(b, d) < 4]
-        if not close:
-            return None
-        self._last_rival_step = self.steps
-        # The least measured depth first, the cheapest among equals: a depth whose best bucket
-        # moves as the calibration learns offers a fresh cell at each move, and taking the
-        # cheapest rival kept such cells ahead of a floor never measured (priced by the common
-        # bias alone) through 400 steps of drafting that ran 40% over its price.
-        return min((cal.depth_samples(d), value, d) for value, d in close)[2]
-
-    def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
-        """Depth of a probe to start now, or 0 if none is due or affordable."""
-        if self.options.explore_fraction <= 0.0:
-            return 0
-        if self.steps - self._last_probe_step < self.options.min_probe_interval:
-            return 0
-        depths = self.spec.draft_depths
-        target = min(2 * best_depth + 1, depths[-1])
-        probe = next(d for d in depths if d >= target)
-        g = self._stage2  # stage 2 priced the probe's depth at its full width
-        row = int(np.flatnonzero(g.depths == probe)[0])
-        last = int(np.flatnonzero(g.valid[row])[-1])
-        tokens = min(max(g.u[row, last] * g.progress[row, last], n), g.full[row])
-        # A probe still commits tokens; only what it costs beyond their going price is waste.
-        extra = max(0.0, float(g.step_ms[row, last]) * float(g.scales[row, last])
-                    - float(tokens) * best_j)
-        affordable = extra <= self.options.explore_fraction * self._spent_since_probe
-        return probe if affordable else 0
 
     def _scales(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
         """[D, C] factors on the modelled wall ms of (depth, bucket) steps: what the loop's

@@ -1,0 +1,88 @@
+"""Exploration of the dynamic planner (lightspec.py): probes and visits to rival depths.
+
+Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
+planner trims or drafts shallow, deeper positions are verified only for confident requests or
+not at all, and their full-width survival stops being refreshed; if acceptance then rises, the
+stale estimates keep the planner shallow. A probe drafts depth 2d+1 (d the current best depth,
+capped at the deepest allowed) and verifies it at full width on the next step. Doubling rather
+than jumping to the deepest depth keeps a probe's cost in proportion to normal steps, and a
+planner whose best depth grows climbs there in a few probes. Probes are budgeted: one runs when
+its estimated extra cost (its ms minus its tokens priced at the current best ms/token) is at
+most `explore_fraction` of the step time spent since the last probe, and at least
+`min_probe_interval` steps apart.
+
+A rival visit serves the whole-step calibration the same way (`_rival`).
+
+A mixin of LightSpecPlanner: it reads the planner's options, step count, calibration and
+stage 2's grid (`_stage2`) and prices by depth (`_by_depth`, which stage 2 writes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .objective import StepCosts
+
+
+class Exploration:
+    """Decides when to probe deeper and when to visit a close, unmeasured rival depth."""
+
+    def _init_explore(self) -> None:
+        self._probe_depth = 0  # depth of the pending probe's proposal; 0: no probe pending
+        self._last_probe_step = 0
+        self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
+        self._last_rival_step = 0
+        self._by_depth: tuple = ((), (), [])  # stage 2's prices by depth (for _rival)
+
+    def _end_probe(self) -> None:
+        """The pending probe is verified or dropped: the next one is budgeted from here."""
+        self._probe_depth = 0
+        self._last_probe_step = self.steps
+        self._spent_since_probe = 0.0
+
+    def _rival(self, best_depth: int, best_j: float) -> int | None:
+        """A depth to visit instead of the best, so the whole-step calibration measures it:
+        of the depths priced within `rival_window` of the best whose (bucket, depth) cell has
+        fewer than 4 periods, the least measured (then the cheapest), at most once every
+        `min_probe_interval` steps. A rival the model prices close may really be the better
+        one (the model adds host time that the loop partly hides); this is how the
+        calibration gets to compare them."""
+        window = self.options.rival_window
+        if (not self.options.calibrate or window <= 0.0 or not math.isfinite(best_j)
+                or self.options.explore_fraction <= 0.0  # exploration off: no visits either
+                or self.steps - self._last_rival_step < self.options.min_probe_interval):
+            return None
+        depths, buckets, j = self._by_depth
+        cal = self.calibration
+        close = [(value, int(d)) for d, b, value in zip(depths.tolist(), buckets.tolist(), j)
+                 if d != best_depth and value <= best_j * (1.0 + window)
+                 and cal.samples(b, d) < 4]
+        if not close:
+            return None
+        self._last_rival_step = self.steps
+        # The least measured depth first, the cheapest among equals: a depth whose best bucket
+        # moves as the calibration learns offers a fresh cell at each move, and taking the
+        # cheapest rival kept such cells ahead of a floor never measured (priced by the common
+        # bias alone) through 400 steps of drafting that ran 40% over its price.
+        return min((cal.depth_samples(d), value, d) for value, d in close)[2]
+
+    def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
+        """Depth of a probe to start now, or 0 if none is due or affordable."""
+        if self.options.explore_fraction <= 0.0:
+            return 0
+        if self.steps - self._last_probe_step < self.options.min_probe_interval:
+            return 0
+        depths = self.spec.draft_depths
+        target = min(2 * best_depth + 1, depths[-1])
+        probe = next(d for d in depths if d >= target)
+        g = self._stage2  # stage 2 priced the probe's depth at its full width
+        row = int(np.flatnonzero(g.depths == probe)[0])
+        last = int(np.flatnonzero(g.valid[row])[-1])
+        tokens = min(max(g.u[row, last] * g.progress[row, last], n), g.full[row])
+        # A probe still commits tokens; only what it costs beyond their going price is waste.
+        extra = max(0.0, float(g.step_ms[row, last]) * float(g.scales[row, last])
+                    - float(tokens) * best_j)
+        affordable = extra <= self.options.explore_fraction * self._spent_since_probe
+        return probe if affordable else 0
