@@ -3,11 +3,15 @@
 Exploration (ours; LightLLM's first commit had periodic full-verify probes, §10): once the
 planner trims or drafts shallow, deeper positions are verified only for confident requests or
 not at all, and their full-width survival stops being refreshed; if acceptance then rises, the
-stale estimates keep the planner shallow. A probe drafts depth 2d+1 (d the current best depth,
-capped at the deepest allowed) and verifies it at full width on the next step. Doubling rather
-than jumping to the deepest depth keeps a probe's cost in proportion to normal steps, and a
-planner whose best depth grows climbs there in a few probes. Probes are budgeted: one runs when
-its estimated extra cost (its ms minus its tokens priced at the current best ms/token) is at
+stale estimates keep the planner shallow. A probe drafts depth d + 2 (d the current best depth,
+capped at the deepest allowed) and verifies it at full width on the next step: the two
+positions past the best are the ones stage 2 weighs next, and a planner whose best depth grows
+climbs there a depth or two per probe. The first rule, 2d + 1, measured further out at a cost
+growing with d: in the simulator (H200 / Qwen3-14B, code, c = 16) probes to depth 9 or 11
+every 16 steps left the planner 2.2% behind static K = 4 (0.7% with exploration off); over
+the simulator's 15 cells and three seeds d + 2 did at least as well in 14 (BENCHMARKS.md,
+"Fortieth session: probes two depths past the best"). Probes are budgeted: one runs when its
+estimated extra cost (its ms minus its tokens priced at the current best ms/token) is at
 most `explore_fraction` of the step time spent since the last probe, and at least
 `min_probe_interval` steps apart.
 
@@ -75,7 +79,7 @@ class Exploration:
         if self.steps - self._last_probe_step < self.options.min_probe_interval:
             return 0
         depths = self.spec.draft_depths
-        target = min(2 * best_depth + 1, depths[-1])
+        target = min(best_depth + 2, depths[-1])
         probe = next(d for d in depths if d >= target)
         g = self._stage2  # stage 2 priced the probe's depth at its full width
         row = int(np.flatnonzero(g.depths == probe)[0])

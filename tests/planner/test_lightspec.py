@@ -170,7 +170,7 @@ def test_cheap_rows_verify_everything_and_expensive_rows_trim():
 
 def probing_planner(**options):
     """Cheap draft forwards and rows, K = 7: with one draft of each proposal accepted the
-    planner settles on d = 1, and its probes draft 2d + 1 = 3."""
+    planner settles on d = 1, and its probes draft d + 2 = 3."""
     s = spec(k=7, buckets=tuple(range(1, 33)))
     return planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
                    **{"explore_fraction": 0.5, "min_probe_interval": 4, **options})
@@ -199,13 +199,30 @@ def test_probe_drafts_deeper_then_verifies_full_width():
     probes = [r for r in reasons if r[0] == "probe"]
     assert probes, reasons
     for reason, depth, fill, _ in probes:
-        assert depth == 3 and fill == 4 * (depth + 1)  # 2d+1 with d=1, at full width
+        assert depth == 3 and fill == 4 * (depth + 1)  # d + 2 with d = 1, at full width
     never = probing_planner(explore_fraction=0.0)
     warm(never, n=4)
     for _ in range(30):
         plan = never.plan(num_requests=4)
         assert plan.reason != "probe"
         observe(never, plan, [min(2, plan.verified_depth + 1)] * 4)
+
+
+@pytest.mark.parametrize("accepted", [2, 3])
+def test_a_probe_drafts_two_past_the_best_depth(accepted):
+    # Every proposal's first `accepted` drafts are accepted and none after: the planner settles
+    # on d = accepted, and a probe drafts d + 2 (K = 7), not deeper.
+    p = probing_planner()
+    warm(p, n=4)
+    chosen, probes = [], []
+    for _ in range(40):
+        plan = p.plan(num_requests=4)
+        (probes if plan.reason == "probe" else chosen).append(
+            (plan.verified_depth, plan.draft_depth))
+        observe(p, plan, [min(accepted, plan.verified_depth) + 1] * 4)
+    assert probes, chosen
+    assert {depth for depth, _ in probes} == {accepted + 2}
+    assert chosen[-1][1] == accepted  # settled
 
 
 def test_a_probe_is_verified_the_next_step_while_requests_come_and_go():
