@@ -8,10 +8,8 @@ and the named ablations), mapped onto the simulator's keys, and printed back the
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import re
 import shlex
-import time
 
 from .policies import parse_policy, policy_name
 
@@ -94,42 +92,14 @@ def _policy_arg(text: str) -> str:
 
 
 def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
-    from lightspec_jax.planner.sim.costmodel import TableCostModel
     from lightspec_jax.planner.sim.report import format_report
-    from lightspec_jax.planner.sim.cli import (config_options, describe_costs,
-                                               roofline_overrides, run_task)
-    from lightspec_jax.planner.sim.simulate import (ABLATION_POLICIES, MAIN_POLICIES, SimConfig,
-                                                    default_requests)
-    from lightspec_jax.planner.synthetic import PROFILES
+    from lightspec_jax.planner.sim.cli import (all_groups, check_run_arguments, describe_costs,
+                                               run_cells)
 
-    overrides = roofline_overrides(args)
-    if args.cost_table:
-        TableCostModel.load(args.cost_table)  # fail early, with the file's own error
-    elif args.cost_model == "table":
-        parser.error("--cost-model table needs --cost-table PATH")
-    if any(c < 1 for c in args.concurrency):
-        parser.error(f"concurrency levels must be >= 1, got {args.concurrency}")
-    if args.requests is not None and args.requests < 1:
-        parser.error(f"--requests must be >= 1, got {args.requests}")
+    check_run_arguments(parser, args)
     keys = [resolve(name) for name in args.policies]
-    groups = [(p, keys) for p in args.profiles]
-    if args.all:
-        groups = [(p, list(MAIN_POLICIES)) for p in sorted(PROFILES)]
-        groups += [(p, [q for q in ABLATION_POLICIES if q not in MAIN_POLICIES])
-                   for p in ("chat", "code")]
-    tasks = [(SimConfig(profile=profile, concurrency=c, policy=key,
-                        num_requests=args.requests or default_requests(c), **config_options(args)),
-              args.cost_table, overrides)
-             for profile, policies in groups for c in args.concurrency for key in policies]
-    # Low concurrency takes the most steps: starting those first keeps the workers even.
-    tasks.sort(key=lambda t: t[0].concurrency)
-    start = time.perf_counter()
-    if args.jobs > 1 and len(tasks) > 1:
-        with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(tasks))) as pool:
-            runs = list(pool.map(run_task, tasks))
-    else:
-        runs = [run_task(t) for t in tasks]
-    wall = time.perf_counter() - start
+    runs, wall = run_cells(all_groups() if args.all else [(p, keys) for p in args.profiles],
+                           args)
     for r in runs:  # the printed and saved label is the name the user types
         r["label"] = bench_name(r["policy"])
     command = shlex.join(["lightspec-bench", "simulate", *argv])
@@ -139,5 +109,5 @@ def simulate(args, parser: argparse.ArgumentParser, argv: list[str]) -> dict:
     # The report's column heads still use the simulator's "static K=3" spelling.
     print(re.sub(r"\bstatic K=(\d+)", r"static:\1", report), flush=True)
     return {"command": "simulate", "wall_s": wall, "cost_model": cost_name,
-            "policies": {bench_name(k): k for k in dict.fromkeys(t[0].policy for t in tasks)},
+            "policies": {bench_name(k): k for k in dict.fromkeys(r["policy"] for r in runs)},
             "runs": runs}

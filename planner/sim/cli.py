@@ -17,7 +17,7 @@ from ..types import geometric_buckets
 from .costmodel import RooflineCostModel, TableCostModel, profile_host, profile_tables
 from .report import format_report
 from .simulate import (ABLATION_POLICIES, CONCURRENCIES, MAIN_POLICIES, POLICIES, SimConfig,
-                       default_requests, run)
+                       default_requests, pooled, run)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,8 +53,53 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="new requests have no proposal on their first decode step")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of requests and acceptance draws (default: 0)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="seeds per cell, from --seed on; a cell reports their runs pooled "
+                             "(every seed's tokens over every seed's simulated time) and the "
+                             "bars count the seeds where dynamic held (default: 1)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="worker processes (default: every CPU)")
+
+
+def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses run arguments no simulation can take (parser.error exits)."""
+    if args.cost_table:
+        TableCostModel.load(args.cost_table)  # fail early, with the file's own error
+    elif args.cost_model == "table":
+        parser.error("--cost-model table needs --cost-table PATH")
+    if any(c < 1 for c in args.concurrency):
+        parser.error(f"concurrency levels must be >= 1, got {args.concurrency}")
+    for name in ("requests", "seeds", "jobs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be >= 1, got {value}")
+
+
+def run_cells(groups: list[tuple[str, list[str]]], args: argparse.Namespace
+              ) -> tuple[list[dict], float]:
+    """Every (profile, concurrency, policy) cell of `groups` ([(profile, policy keys)]) at
+    args.concurrency, each under args.seeds seeds pooled (simulate.pooled), on args.jobs
+    worker processes: (one RunResult.summary() per cell, wall seconds)."""
+    overrides = roofline_overrides(args)
+    cells = [(profile, c, key) for profile, policies in groups for c in args.concurrency
+             for key in policies]
+    tasks = [(SimConfig(profile=profile, concurrency=c, policy=key,
+                        num_requests=args.requests or default_requests(c),
+                        **config_options(args, seed=args.seed + i)), args.cost_table, overrides)
+             for profile, c, key in cells for i in range(args.seeds)]
+    # Low concurrency takes the most steps: starting those first keeps the workers even.
+    order = sorted(range(len(tasks)), key=lambda i: tasks[i][0].concurrency)
+    start = time.perf_counter()
+    if args.jobs > 1 and len(tasks) > 1:
+        with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(tasks))) as pool:
+            done = list(pool.map(run_task, [tasks[i] for i in order]))
+    else:
+        done = [run_task(tasks[i]) for i in order]
+    runs = [None] * len(tasks)
+    for i, summary in zip(order, done):
+        runs[i] = summary
+    wall = time.perf_counter() - start
+    return [pooled(runs[i:i + args.seeds]) for i in range(0, len(runs), args.seeds)], wall
 
 
 def roofline_overrides(args: argparse.Namespace) -> dict:
@@ -63,10 +108,10 @@ def roofline_overrides(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
-def config_options(args: argparse.Namespace) -> dict:
+def config_options(args: argparse.Namespace, seed: int | None = None) -> dict:
     """SimConfig fields the run arguments set (everything but profile, concurrency, policy and
-    the request count)."""
-    return dict(seed=args.seed, steps_per_octave=args.steps_per_octave,
+    the request count); seed: one of the run's seeds instead of --seed."""
+    return dict(seed=args.seed if seed is None else seed, steps_per_octave=args.steps_per_octave,
                 draft_at_prefill=not args.no_draft_at_prefill, host_cost=not args.no_host_cost,
                 overlap=not args.no_overlap)
 
@@ -83,6 +128,13 @@ def describe_costs(args: argparse.Namespace) -> str:
     if args.no_host_cost:
         return f"{name}; no host time"
     return f"{name}; {host}, {'added to' if args.no_overlap else 'overlapped with'} device time"
+
+
+def all_groups() -> list[tuple[str, list[str]]]:
+    """--all: every profile with the main policies, plus the ablations on chat and code."""
+    groups = [(p, list(MAIN_POLICIES)) for p in sorted(PROFILES)]
+    return groups + [(p, [q for q in ABLATION_POLICIES if q not in MAIN_POLICIES])
+                     for p in ("chat", "code")]
 
 
 def run_task(args):
@@ -121,36 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         host = None if args.no_host_cost else profile_host(model, range(1, 1025))
         TableCostModel(target=target, draft=draft, host=host).save(args.write_cost_table)
         return 0
-    if args.cost_model == "table" and not args.cost_table:
-        parser.error("--cost-model table needs --cost-table PATH")
-    cost_path = args.cost_table
-    if cost_path:
-        TableCostModel.load(cost_path)  # fail early with the file's own error
-    if any(c < 1 for c in args.concurrency):
-        parser.error("concurrency levels must be >= 1")
-
-    groups = [(p, args.policies) for p in args.profiles]
-    if args.all:
-        groups = [(p, list(MAIN_POLICIES)) for p in sorted(PROFILES)]
-        groups += [(p, [q for q in ABLATION_POLICIES if q not in MAIN_POLICIES])
-                   for p in ("chat", "code")]
-    tasks = []
-    for profile, policies in groups:
-        for c in args.concurrency:
-            for name in policies:
-                config = SimConfig(profile=profile, concurrency=c, policy=name,
-                                   num_requests=args.requests or default_requests(c),
-                                   **config_options(args))
-                tasks.append((config, cost_path, overrides))
-    # Longest runs (low concurrency: most steps) first keeps the workers evenly loaded.
-    tasks.sort(key=lambda t: t[0].concurrency)
-    start = time.perf_counter()
-    if args.jobs > 1:
-        with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(run_task, tasks))
-    else:
-        results = [run_task(t) for t in tasks]
-    wall = time.perf_counter() - start
+    check_run_arguments(parser, args)
+    groups = all_groups() if args.all else [(p, args.policies) for p in args.profiles]
+    results, wall = run_cells(groups, args)
     cost_name = describe_costs(args)
     command = "python -m lightspec_jax.planner.sim.simulate " + " ".join(
         argv if argv is not None else sys.argv[1:])

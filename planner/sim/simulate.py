@@ -141,6 +141,7 @@ class RunResult:
     concurrency: int
     policy: str
     label: str
+    seed: int = 0
     output_tokens: int = 0
     time_ms: float = 0.0
     steps: int = 0
@@ -212,7 +213,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
     # same acceptance draws and differ by the host cost alone.
     host_rng = np.random.default_rng([config.seed, 3, profile_index, c])
     res = RunResult(profile=config.profile, concurrency=c, policy=config.policy,
-                    label=policy.label)
+                    label=policy.label, seed=config.seed)
 
     slot_req = np.full(c, -1)  # request id held by each slot, -1 free
     generated = np.zeros(c, dtype=np.int64)
@@ -339,6 +340,34 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
                      whole_run_throughput=1000.0 * (res.output_tokens + drain.output_tokens)
                      / (res.time_ms + drain.time_ms))
     return res
+
+
+_COUNTERS = ("output_tokens", "time_ms", "steps", "request_steps", "committed", "wasted_tokens",
+             "host_bound_steps", "accepted_drafts", "verified_drafts", "fill_rows", "bucket_rows",
+             "draft_depth_sum", "probes", "wall_s")
+
+
+def pooled(summaries: list[dict]) -> dict:
+    """One cell's runs under several seeds (RunResult.summary() each) as one run: counters
+    summed, so its throughput is every seed's output tokens over every seed's simulated time.
+    extra["seeds"] lists the seeds and extra["seed_throughput"] each one's throughput, in
+    that order; extra["whole_run_throughput"] is their mean."""
+    first = summaries[0]
+    if len(summaries) == 1:
+        return first
+    cell = ("profile", "concurrency", "policy", "label")
+    if any(tuple(s[k] for k in cell) != tuple(first[k] for k in cell) for s in summaries):
+        raise ValueError("pooled() takes runs of one (profile, concurrency, policy) cell")
+    res = RunResult(**{k: first[k] for k in cell}, seed=first["seed"],
+                    **{k: sum(s[k] for s in summaries) for k in _COUNTERS})
+    res.extra.update(
+        seeds=[s["seed"] for s in summaries],
+        seed_throughput=[s["throughput"] for s in summaries],
+        drain_steps=sum(s["extra"]["drain_steps"] for s in summaries),
+        drain_time_ms=sum(s["extra"]["drain_time_ms"] for s in summaries),
+        whole_run_throughput=float(np.mean([s["extra"]["whole_run_throughput"]
+                                            for s in summaries])))
+    return res.summary()
 
 
 def requests_for(config: SimConfig) -> tuple[np.ndarray, ...]:

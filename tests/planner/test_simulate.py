@@ -180,3 +180,38 @@ def test_cli_help_and_a_small_run(tmp_path, capsys):
     runs = json.loads(out.read_text())["runs"]
     assert {r["policy"] for r in runs} == {"static-3", "dynamic"}
     assert all(r["throughput"] > 0 for r in runs)
+
+
+def test_seeds_pool_into_one_run_of_all_their_tokens_over_all_their_time():
+    runs = [run(SimConfig(profile="chat", concurrency=4, policy="static-3", num_requests=12,
+                          seed=seed)).summary() for seed in (3, 4)]
+    both = simulate.pooled(runs)
+    assert both["output_tokens"] == sum(r["output_tokens"] for r in runs)
+    assert both["throughput"] == pytest.approx(
+        1000.0 * both["output_tokens"] / sum(r["time_ms"] for r in runs))
+    assert min(r["throughput"] for r in runs) <= both["throughput"] <= max(
+        r["throughput"] for r in runs)
+    assert both["extra"]["seeds"] == [3, 4]
+    assert both["extra"]["seed_throughput"] == [r["throughput"] for r in runs]
+    assert simulate.pooled(runs[:1]) == runs[0]
+    other = run(SimConfig(profile="chat", concurrency=4, policy="static-11",
+                          num_requests=12)).summary()
+    with pytest.raises(ValueError, match="one .* cell"):
+        simulate.pooled([runs[0], other])
+
+
+def test_cli_pools_seeds_and_counts_those_where_dynamic_held(tmp_path, capsys):
+    out = tmp_path / "runs.json"
+    args = ["--profiles", "chat", "--concurrency", "2", "--requests", "6", "--jobs", "2",
+            "--policies", "static-3", "static-11", "dynamic", "oracle"]
+    assert simulate_cli.main(args + ["--seeds", "2", "--seed", "5", "--json", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "each cell 2 seeds pooled" in report and "seeds held" in report
+    assert " of 2 |" in report
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 4 and all(r["extra"]["seeds"] == [5, 6] for r in runs)
+    alone = tmp_path / "alone.json"
+    assert simulate_cli.main(args + ["--seed", "6", "--json", str(alone)]) == 0
+    assert "seeds held" not in capsys.readouterr().out
+    single = {r["policy"]: r["throughput"] for r in json.loads(alone.read_text())["runs"]}
+    assert {r["policy"]: r["extra"]["seed_throughput"][1] for r in runs} == single
