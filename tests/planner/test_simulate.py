@@ -202,7 +202,7 @@ def test_seeds_pool_into_one_run_of_all_their_tokens_over_all_their_time():
 
 def test_cli_pools_seeds_and_counts_those_where_dynamic_held(tmp_path, capsys):
     out = tmp_path / "runs.json"
-    args = ["--profiles", "chat", "--concurrency", "2", "--requests", "6", "--jobs", "2",
+    args = ["--profiles", "chat", "--concurrency", "2", "--requests", "6", "--jobs", "1",
             "--policies", "static-3", "static-11", "dynamic", "oracle"]
     assert simulate_cli.main(args + ["--seeds", "2", "--seed", "5", "--json", str(out)]) == 0
     report = capsys.readouterr().out
