@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -342,11 +342,6 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
     return res
 
 
-_COUNTERS = ("output_tokens", "time_ms", "steps", "request_steps", "committed", "wasted_tokens",
-             "host_bound_steps", "accepted_drafts", "verified_drafts", "fill_rows", "bucket_rows",
-             "draft_depth_sum", "probes", "wall_s")
-
-
 def pooled(summaries: list[dict]) -> dict:
     """One cell's runs under several seeds (RunResult.summary() each) as one run: counters
     summed, so its throughput is every seed's output tokens over every seed's simulated time.
@@ -358,8 +353,9 @@ def pooled(summaries: list[dict]) -> dict:
     cell = ("profile", "concurrency", "policy", "label")
     if any(tuple(s[k] for k in cell) != tuple(first[k] for k in cell) for s in summaries):
         raise ValueError("pooled() takes runs of one (profile, concurrency, policy) cell")
+    counters = [f.name for f in fields(RunResult) if f.name not in (*cell, "seed", "extra")]
     res = RunResult(**{k: first[k] for k in cell}, seed=first["seed"],
-                    **{k: sum(s[k] for s in summaries) for k in _COUNTERS})
+                    **{k: sum(s[k] for s in summaries) for k in counters})
     res.extra.update(
         seeds=[s["seed"] for s in summaries],
         seed_throughput=[s["throughput"] for s in summaries],

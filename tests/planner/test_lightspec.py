@@ -5,33 +5,7 @@ import pytest
 
 from lightspec_jax.planner import (CostTable, LightSpecPlanner, PlannerSpec, StepObservation,
                                    draft_cost_ms, make_planner)
-
-STRIDE_1 = tuple(range(1, 17))
-
-
-def spec(k=3, buckets=STRIDE_1, kind="autoregressive"):
-    depths = (k,) if kind == "parallel" else tuple(range(1, k + 1))
-    return PlannerSpec(verify_buckets=buckets, draft_depths=depths, max_depth=k,
-                       drafter_kind=kind)
-
-
-def planner(s, target=None, draft=None, **options):
-    """The scenarios of §13 check its arithmetic, which has no small-sample prior on the
-    survival (test_small_samples.py has it)."""
-    options.setdefault("survival_prior_weight", 0.0)
-    return make_planner("dynamic", s, target_costs=None if target is None else CostTable(target),
-                        draft_costs=None if draft is None else CostTable(draft), **options)
-
-
-def observe(p, plan, accept, **kw):
-    p.observe(StepObservation(plan=plan, accept_lens=np.array(accept), **kw))
-
-
-def warm(p, n=2):
-    """One step so that a depth-K proposal exists (the first step has none)."""
-    first = p.plan(num_requests=n)
-    assert first.verified_depth == 0 and first.fill_rows == n
-    return first
+from lightspec_scenarios import STRIDE_1, observe, planner, spec, warm
 
 
 def test_cold_start_verifies_full_width_at_full_depth():
@@ -166,108 +140,6 @@ def test_cheap_rows_verify_everything_and_expensive_rows_trim():
         observe(p, p.plan(num_requests=4), accept)
     assert flat.plan(num_requests=4).fill_rows == 16
     assert steep.plan(num_requests=4).fill_rows < 16
-
-
-def probing_planner(**options):
-    """Cheap draft forwards and rows, K = 7: with one draft of each proposal accepted the
-    planner settles on d = 1, and its probes draft d + 2 = 3."""
-    s = spec(k=7, buckets=tuple(range(1, 33)))
-    return planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
-                   **{"explore_fraction": 0.5, "min_probe_interval": 4, **options})
-
-
-def until_a_probe_is_asked(p, n):
-    """Plans and observes steps of n requests (one draft accepted) until a plan drafts the
-    probe's depth 3; returns that plan, observed."""
-    for _ in range(40):
-        plan = p.plan(num_requests=n)
-        observe(p, plan, [min(2, plan.verified_depth + 1)] * n)
-        if plan.draft_depth == 3:
-            return plan
-    pytest.fail("no probe in 40 steps")
-
-
-def test_probe_drafts_deeper_then_verifies_full_width():
-    # The planner settles on d=1 (survival beyond 1 is 0).
-    p = probing_planner()
-    warm(p, n=4)
-    reasons = []
-    for _ in range(30):
-        plan = p.plan(num_requests=4)
-        reasons.append((plan.reason, plan.verified_depth, plan.fill_rows, plan.draft_depth))
-        observe(p, plan, [2] * 4)
-    probes = [r for r in reasons if r[0] == "probe"]
-    assert probes, reasons
-    for reason, depth, fill, _ in probes:
-        assert depth == 3 and fill == 4 * (depth + 1)  # d + 2 with d = 1, at full width
-    never = probing_planner(explore_fraction=0.0)
-    warm(never, n=4)
-    for _ in range(30):
-        plan = never.plan(num_requests=4)
-        assert plan.reason != "probe"
-        observe(never, plan, [min(2, plan.verified_depth + 1)] * 4)
-
-
-@pytest.mark.parametrize("accepted", [2, 3])
-def test_a_probe_drafts_two_past_the_best_depth(accepted):
-    # Every proposal's first `accepted` drafts are accepted and none after: the planner settles
-    # on d = accepted, and a probe drafts d + 2 (K = 7), not deeper.
-    p = probing_planner()
-    warm(p, n=4)
-    chosen, probes = [], []
-    for _ in range(40):
-        plan = p.plan(num_requests=4)
-        (probes if plan.reason == "probe" else chosen).append(
-            (plan.verified_depth, plan.draft_depth))
-        observe(p, plan, [min(accepted, plan.verified_depth) + 1] * 4)
-    assert probes, chosen
-    assert {depth for depth, _ in probes} == {accepted + 2}
-    assert chosen[-1][1] == accepted  # settled
-
-
-def test_a_probe_is_verified_the_next_step_while_requests_come_and_go():
-    # Every step a request ends and one arrives (M = N - 1): the probe's proposal is verified
-    # by the very next step at the full width of the requests that hold it, and the planner
-    # never drafts a probe's depth twice in a row. (Waiting for M = N kept one pending for
-    # up to 130 steps at c = 256, drafting its depth each of them.)
-    p = probing_planner()
-    warm(p, n=4)
-    plans = []
-    for _ in range(40):
-        plan = p.plan(num_requests=4, num_with_proposal=3)
-        plans.append(plan)
-        observe(p, plan, [min(2, plan.verified_depth + 1)] * 3 + [1],
-                had_proposal=np.array([True, True, True, False]))
-    probes = [i for i, plan in enumerate(plans) if plan.reason == "probe"]
-    assert len(probes) >= 3, [(q.reason, q.draft_depth) for q in plans]
-    for i in probes:
-        assert plans[i].verified_depth == 3 == plans[i - 1].draft_depth  # 2d+1, drafted once
-        assert plans[i].fill_rows == 4 + 3 * 3  # every holder's drafts, the newcomer's row
-    assert not any(a.draft_depth == b.draft_depth == 3 for a, b in zip(plans, plans[1:]))
-
-
-def test_a_probe_not_drafted_as_planned_is_dropped():
-    # The engine drafted shallower than the probe asked (capped near the model's length): the
-    # next step is no probe, and the planner goes back to its own depth instead of asking again.
-    p = probing_planner()
-    warm(p, n=4)
-    until_a_probe_is_asked(p, 4)
-    capped = p.plan(num_requests=4, proposal_depth=2)
-    assert capped.reason == "plan" and capped.verified_depth == 2
-    assert capped.draft_depth < 3  # not the probe's depth again (d = 1 is best; 2 a rival)
-
-
-def test_a_probe_waits_out_a_step_without_proposals():
-    # c = 1: the probe's request ended as it was drafted, and the next request's first step
-    # holds no proposal: its proposal is drafted at the probe's depth and verified as the probe.
-    p = probing_planner()
-    warm(p, n=1)
-    until_a_probe_is_asked(p, 1)
-    newcomer = p.plan(num_requests=1, num_with_proposal=0)
-    assert newcomer.draft_depth == 3
-    observe(p, newcomer, [1])
-    probe = p.plan(num_requests=1)
-    assert probe.reason == "probe" and probe.verified_depth == 3 and probe.fill_rows == 4
 
 
 def test_bad_calls_get_actionable_errors():
