@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from .. import SERVING_REUSE, make_planner
-from ..fill import fill_lengths
+from ..fill import fill_lengths, survival_scores
 from ..synthetic import PROFILES, AcceptanceModel
 from ..types import PlannerSpec, StepObservation, geometric_buckets
 from .costmodel import RooflineCostModel, profile_host, profile_tables
@@ -66,6 +66,9 @@ class Policy:
     max_depth: int
     options: tuple = ()  # (name, value) pairs passed to make_planner
     floor: bool | None = None  # depth 0 offered; None: as the engine (dynamic) and the oracle
+    # The draft loop stops once no request's prefix survival (planner/fill.py's score) at the
+    # position just drafted reaches this, short of the planned depth (0: it never stops early)
+    draft_stop: float = 0.0
 
     @property
     def offers_floor(self) -> bool:
@@ -76,7 +79,8 @@ class Policy:
         """Whether the policy sets options or a floor of its own, beyond what a serving
         engine runs (the dynamic planner's decision reuse, SERVING_REUSE)."""
         engine = SERVING_REUSE if self.kind == "dynamic" else {}
-        return dict(self.options) != dict(engine) or self.floor is not None
+        return (dict(self.options) != dict(engine) or self.floor is not None
+                or self.draft_stop > 0.0)
 
 
 _REUSE = tuple(SERVING_REUSE.items())
@@ -113,6 +117,12 @@ POLICIES: dict[str, Policy] = {
     "dynamic-every-step": Policy(label="dynamic, decides every step", kind="dynamic",
                                  max_depth=11, options=(("replan_every", 1),)),
     "dspark-11": Policy(label="DSpark-style K=11", kind="dspark", max_depth=11),
+    # what a device-side early exit from the draft loop would add. Not in the engine: on a GPU
+    # the loop's trip count is read back to the host every iteration (engine/step.py), and on
+    # the CPU, tried on the shipped pair, it lost to the planned depth (BENCHMARKS.md,
+    # "Forty-first session: stopping the draft loop early")
+    "dynamic-draft-stop": Policy(label="dynamic, draft loop stops below 0.4", kind="dynamic",
+                                 max_depth=11, options=_REUSE, draft_stop=0.4),
 }
 MAIN_POLICIES = ("static-3", "static-11", "dynamic", "dspark", "oracle")
 ABLATION_POLICIES = ("dynamic", "dynamic-every-step", "dynamic-lightllm", "dynamic-no-floor",
@@ -226,6 +236,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
     pending, pending_host, stale_conf = None, None, None
     # Whole-step periods as the engine reports them: the draft before a verify, then it.
     pending_period, last_draft_ms = None, None
+    last_depth = 0  # the depth the last step planned to draft (the proposal verified next)
     drain = RunResult(profile=config.profile, concurrency=c, policy=config.policy,
                       label=policy.label)
     while True:
@@ -254,6 +265,13 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         context = float((prompts[ids] + generated[idx]).sum())
         remaining = outputs[ids] - generated[idx]  # [N] >= 1
         drift[idx], potential, conf = model.step(rng, quality[ids], drift[idx], k)
+        # The proposal's real depth: the last draft may have stopped short (draft_stop). Its
+        # forwards saved are credited to this step (priced at this batch).
+        proposal_depth = stopped_depth(conf, has_proposal[idx], last_depth, policy.draft_stop)
+        saved_ms = 0.0
+        if proposal_depth < last_depth:
+            saved_ms = (last_depth - proposal_depth) * cost.draft_ms(spec.bucket_for(n),
+                                                                     context, n)
 
         if oracle is not None:
             useful = np.where(has_proposal[idx], np.minimum(potential, remaining - 1), 0)
@@ -269,7 +287,9 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
                                      drafted=pending_host[2])
             if pending_period is not None:
                 planner.observe_period(plan=pending_period[0], period_ms=pending_period[1])
-            verified = _fill(conf, has_proposal[idx], plan.verified_depth, plan.fill_rows - n,
+            verify_depth = plan.verified_depth if not saved_ms else min(plan.verified_depth,
+                                                                        proposal_depth)
+            verified = _fill(conf, has_proposal[idx], verify_depth, plan.fill_rows - n,
                              remaining)
             bucket, draft_depth = plan.verify_rows, plan.draft_depth
             acc.probes += plan.probe
@@ -288,7 +308,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         if config.host_cost:
             host_ms = cost.host_ms(n) * float(np.exp(config.timing_noise
                                                      * host_rng.standard_normal()))
-        device_ms = target_ms + draft_ms + prefill_ms
+        device_ms = target_ms + draft_ms + prefill_ms - saved_ms
         step_ms = max(device_ms, host_ms) if config.overlap else device_ms + host_ms
         if planner is not None:
             pending = StepObservation(plan=plan, accept_lens=accept, target_ms=target_ms,
@@ -302,7 +322,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             # and this step's verify (and the host its loop).
             pending_period = None
             if not free.size and last_draft_ms is not None:
-                device = target_ms + last_draft_ms
+                device = target_ms + last_draft_ms - saved_ms
                 pending_period = (plan, max(device, host_ms) if config.overlap
                                   else device + host_ms)
             last_draft_ms = None if free.size else draft_ms
@@ -314,6 +334,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
 
         if trace is not None:
             trace.append(dict(n=n, m=m, fill=fill, bucket=bucket, draft_depth=draft_depth,
+                              proposal_depth=proposal_depth, saved_ms=saved_ms,
                               verified=verified.copy(), accept=accept.copy(),
                               remaining=remaining.copy(), committed=int(committed.sum()),
                               step_ms=step_ms, device_ms=device_ms, host_ms=host_ms,
@@ -331,6 +352,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         acc.bucket_rows += bucket
         acc.draft_depth_sum += draft_depth
         generated[idx] += committed
+        last_depth = draft_depth
         drafting = oracle is not None or draft_depth > 0
         has_proposal[idx] = drafting
         finished = idx[generated[idx] >= outputs[ids]]
@@ -375,6 +397,18 @@ def requests_for(config: SimConfig) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng([config.seed, 1, sorted(PROFILES).index(config.profile)])
     prompts, outputs, quality = model.new_requests(rng, config.num_requests)
     return prompts, outputs, quality, model.initial_drift(rng, config.num_requests)
+
+
+def stopped_depth(conf: np.ndarray, has_proposal: np.ndarray, depth: int, stop: float) -> int:
+    """Forwards a draft loop planned at `depth` runs when it stops once no request's prefix
+    survival at the position just drafted reaches `stop` (Policy.draft_stop; 0: `depth`).
+    conf: [N, K] the proposal's confidences; has_proposal: [N] the requests it drafts for."""
+    if stop <= 0.0 or depth == 0 or not has_proposal.any():
+        return depth
+    drafted = conf[has_proposal, :depth]  # [M, depth]
+    best = survival_scores(drafted, np.full(drafted.shape[0], depth)).max(axis=0)  # [depth]
+    below = np.flatnonzero(best < stop)
+    return int(below[0]) + 1 if below.size else depth
 
 
 def _fill(conf: np.ndarray, has_proposal: np.ndarray, depth: int, budget: int,

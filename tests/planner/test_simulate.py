@@ -36,7 +36,8 @@ def test_fill_never_verifies_past_a_request_end():
     assert _fill(conf, np.ones(3, bool), 4, 12, np.array([1, 3, 9])).tolist() == [0, 2, 4]
 
 
-@pytest.mark.parametrize("policy", ["static-3", "static-11", "dynamic", "dspark", "oracle"])
+@pytest.mark.parametrize("policy", ["static-3", "static-11", "dynamic", "dspark", "oracle",
+                                    "dynamic-draft-stop"])
 def test_every_requested_token_is_produced_exactly_once_and_none_past_an_end(policy):
     config = SimConfig(profile="code", concurrency=8, policy=policy, num_requests=24)
     trace = []
@@ -52,6 +53,32 @@ def test_every_requested_token_is_produced_exactly_once_and_none_past_an_end(pol
         assert (t["accept"] <= t["verified"] + 1).all()
         assert (t["verified"] <= t["remaining"] - 1).all()  # no row past the end
         assert t["committed"] == t["accept"].sum()  # so nothing accepted is dropped
+
+
+def test_a_draft_loop_stops_where_no_request_survives_to_the_stop():
+    conf = np.array([[0.9, 0.9, 0.5, 0.9],
+                     [0.6, 0.5, 0.9, 0.9],
+                     [0.9, 0.9, 0.9, 0.9]])  # survival: .9 .81 .405 .36 / .6 .3 .27 .24
+    has = np.array([True, True, False])  # the third drafts nothing this time
+    assert simulate.stopped_depth(conf, has, 4, 0.5) == 3  # .405 and .27: both below
+    assert simulate.stopped_depth(conf, has, 4, 0.2) == 4  # nobody falls below: the depth
+    assert simulate.stopped_depth(conf, has, 2, 0.5) == 2  # never past the planned depth
+    assert simulate.stopped_depth(conf, has, 4, 0.0) == 4  # no stop
+    assert simulate.stopped_depth(conf, np.zeros(3, bool), 4, 0.5) == 4
+
+
+def test_a_stopped_draft_is_verified_no_deeper_and_saves_its_forwards():
+    config = SimConfig(profile="chat", concurrency=1, policy="dynamic-draft-stop",
+                       num_requests=32)
+    trace = []
+    run(config, trace=trace)
+    stopped = [t for prev, t in zip(trace, trace[1:])
+               if t["proposal_depth"] < prev["draft_depth"]]
+    assert len(stopped) > len(trace) / 10  # chat's confidences fall below 0.4 often
+    for prev, t in zip(trace, trace[1:]):
+        assert t["proposal_depth"] <= prev["draft_depth"]
+        assert (t["verified"] <= t["proposal_depth"]).all()
+        assert (t["saved_ms"] > 0) == (t["proposal_depth"] < prev["draft_depth"])
 
 
 def test_a_floor_step_leaves_no_proposal_for_the_next():
