@@ -18,6 +18,14 @@ exactly as before.
     # machine's speed drifts by 10-20% between runs; passes side by side share the drift)
     python benchmarks/planner_replay.py replay he-c1.pkl --repeats 20 --against HEAD~3
 
+Back to back, the planner's code and data stay in the caches; in a serving loop the device's
+step runs between two calls (on this CPU, on the same cores; the shipped pair's weights
+alone are tens of MiB) and evicts them. With `--cold-caches MIB` an array of MIB MiB is
+written through before every call, untimed. Math c = 1 (Eagle3, 32 prompts), us a step for
+plan() / observe(): hot 245 / 107, 16 MiB 415 / 217, 32 MiB 470 / 255, 64 MiB 615 / 399;
+in the serving loop the same calls took 564 / 370 us of the thread's CPU time
+(benchmarks/planner_cpu_time.py). A change to the planner's speed is best judged cold.
+
 A recording holds the planner's construction (its spec, initial cost tables as JSON, options)
 and the calls' arguments, not the planner object, so one recording replays on any later
 version of the planner.
@@ -175,12 +183,15 @@ def _decides_alike(a, b) -> bool:
                if not isinstance(x, float))
 
 
-def _run(planner, calls) -> tuple[dict[str, float], int, str]:
+def _run(planner, calls, flush=None) -> tuple[dict[str, float], int, str]:
     """One pass over the recorded calls: (seconds by call, plans that differ, the first, and
-    how many of them in a decision)."""
+    how many of them in a decision). flush: an array written through before every call,
+    untimed (--cold-caches)."""
     spent: dict[str, float] = defaultdict(float)
     mismatches, first, plans, decisions = 0, "", 0, 0
     for name, a, kw, result in calls:
+        if flush is not None:
+            flush += 1.0
         method = getattr(planner, name)
         start = time.perf_counter()
         out = method(*a, **kw)
@@ -196,6 +207,11 @@ def _run(planner, calls) -> tuple[dict[str, float], int, str]:
 
 
 def replay(args) -> int:
+    import numpy as np
+
+    # Larger than this machine's per-core L2 (4 MiB): what the device step between two
+    # planner calls does to the caches in a serving loop.
+    flush = np.zeros(args.cold_caches << 17) if args.cold_caches else None
     versions = {"today": None}
     if args.against:
         versions[args.against] = planner_at(args.against)
@@ -211,7 +227,7 @@ def replay(args) -> int:
             order = list(versions)[::1 if repeat % 2 == 0 else -1]  # alternate who goes first
             for version in order:
                 spent, mismatches, first, decisions = _run(
-                    _fresh_planner(recording["planner"], versions[version]), calls)
+                    _fresh_planner(recording["planner"], versions[version]), calls, flush)
                 outcome[version] = (mismatches, first, decisions)
                 for name, seconds in spent.items():
                     best[version][name] = min(best[version][name], seconds)
@@ -251,6 +267,10 @@ def main(argv: list[str] | None = None) -> None:
     rep.add_argument("--against", default=None, metavar="REV",
                      help="also replay the planner of this git revision, pass for pass "
                      "interleaved with today's, and print the ratio of their times")
+    rep.add_argument("--cold-caches", type=int, default=0, metavar="MIB",
+                     help="write through MIB MiB between calls, untimed, so each call starts "
+                     "with cold caches as in a serving loop (32 comes near the loop's cost on "
+                     "this CPU; default 0: hot, back to back)")
     args = parser.parse_args(argv)
     if args.command == "record":
         record(args)

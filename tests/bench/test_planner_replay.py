@@ -107,3 +107,21 @@ def test_against_a_revision_replays_its_planner_beside_todays(tmp_path, capsys):
     assert out.count("plans that differ: 0") == 2 and "today / HEAD:" in out
     with pytest.raises(SystemExit, match="no-such-revision"):
         bench.main(["replay", str(path), "--against", "no-such-revision"])
+
+
+def test_cold_caches_write_between_calls_untimed_and_change_no_plan(tmp_path, capsys):
+    """--cold-caches: the flush array is written once before every recorded call, and the
+    planner makes the recorded plans all the same."""
+    bench = _bench()
+    recording = _recording(bench)
+    flush = np.zeros(8)
+    spent, mismatches, _, _ = bench._run(bench._fresh_planner(recording["planner"]),
+                                         recording["calls"], flush)
+    assert mismatches == 0 and set(spent) == {"plan", "observe", "observe_host"}
+    assert (flush == len(recording["calls"])).all()
+    path = tmp_path / "rec.pkl"
+    path.write_bytes(pickle.dumps(recording))
+    with pytest.raises(SystemExit) as done:
+        bench.main(["replay", str(path), "--repeats", "1", "--cold-caches", "1"])
+    assert done.value.code == 0
+    assert "plans that differ: 0" in capsys.readouterr().out

@@ -4,6 +4,7 @@ variants served side by side agree token for token."""
 import argparse
 import importlib.util
 import os
+import re
 import sys
 import types
 
@@ -135,3 +136,20 @@ def test_a_replayed_pass_meets_its_batches_and_serves_the_same_tokens(bench, cap
                     "--max-tokens", "6", "--repeats", "1",
                     "early=dynamic:3,replay_plans=true,plans_from=late",
                     "late=dynamic:3,replay_plans=true"])
+
+
+def test_planner_cpu_time_times_every_planner_call_of_each_variant(bench, capsys):
+    spec = importlib.util.spec_from_file_location(
+        "planner_cpu_time", os.path.join(ROOT, "benchmarks", "planner_cpu_time.py"))
+    cpu_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpu_time)  # imports policy_ab: the fixture's module
+    build = bench.build
+    code = cpu_time.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
+                          "--max-tokens", "6", "--repeats", "1", "static:2", "dynamic:3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert bench.build is build  # put back
+    table = out.split("planner calls, us per call: wall / thread CPU")[1]
+    for label in ("static:2 plan", "static:2 observe", "dynamic:3 plan", "dynamic:3 observe"):
+        row = re.search(rf"{label}\s+(\d+) calls\s+(\d+) /\s+(\d+)", table)
+        assert row and int(row.group(1)) > 0, (label, table)
