@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         policy_ab.build = build
     print("planner calls, us per call: wall / thread CPU")
     for label, (calls, wall, cpu) in spent.items():
-        print(f"  {label:32s} {calls:6d} calls  {1e6 * wall / calls:7.0f} / {1e6 * cpu / calls:7.0f}")
+        wall_us, cpu_us = 1e6 * wall / calls, 1e6 * cpu / calls
+        print(f"  {label:32s} {calls:6d} calls  {wall_us:7.0f} / {cpu_us:7.0f}")
     return code
 
 
