@@ -1,6 +1,6 @@
 """`lightspec-bench simulate`: the planner's closed-loop simulator under the bench's policy names.
 
-The simulator (lightspec_jax.planner.sim.simulate) keys its policies as static-3, dspark-11,
+The simulator (lightspec_jax.planner.sim.policies) keys its policies as static-3, dspark-11,
 ...; here they are spelled as `serve` spells them (static:3, dynamic:11, dspark:7, plus oracle:11
 and the named ablations), mapped onto the simulator's keys, and printed back the same way.
 """
@@ -18,7 +18,7 @@ _KINDS = ("static", "dynamic", "dspark", "oracle")
 
 def simulator_names() -> dict[str, str]:
     """Bench name -> the simulator's policy key, for every policy the simulator defines."""
-    from lightspec_jax.planner.sim.simulate import POLICIES
+    from lightspec_jax.planner.sim.policies import POLICIES
 
     out = {}
     for key, policy in POLICIES.items():
@@ -31,7 +31,7 @@ def simulator_names() -> dict[str, str]:
 def resolve(text: str) -> str:
     """A policy as typed (static:3, static-3, dynamic, oracle, dynamic-no-refresh) -> the
     simulator's key; raises ArgumentTypeError naming what the simulator has."""
-    from lightspec_jax.planner.sim.simulate import POLICIES
+    from lightspec_jax.planner.sim.policies import POLICIES
 
     names = simulator_names()
     if text in names:
@@ -67,7 +67,7 @@ def _available(names: dict[str, str]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The simulator's options (defaults from its module, so the two CLIs cannot drift)."""
     from lightspec_jax.planner.sim.cli import add_run_arguments
-    from lightspec_jax.planner.sim.simulate import CONCURRENCIES, MAIN_POLICIES
+    from lightspec_jax.planner.sim.policies import CONCURRENCIES, MAIN_POLICIES
     from lightspec_jax.planner.synthetic import PROFILES
 
     p.add_argument("--profiles", nargs="+", default=["chat"], choices=sorted(PROFILES),

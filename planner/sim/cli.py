@@ -16,8 +16,8 @@ from ..synthetic import PROFILES
 from ..types import geometric_buckets
 from .costmodel import RooflineCostModel, TableCostModel, profile_host, profile_tables
 from .report import format_report
-from .simulate import (ABLATION_POLICIES, CONCURRENCIES, MAIN_POLICIES, POLICIES, SimConfig,
-                       default_requests, pooled, run)
+from .policies import ABLATION_POLICIES, CONCURRENCIES, MAIN_POLICIES, POLICIES
+from .simulate import SimConfig, default_requests, pooled, run
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
