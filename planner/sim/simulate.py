@@ -196,11 +196,11 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         drift[idx], potential, conf = model.step(rng, quality[ids], drift[idx], k)
         # The proposal's real depth: the last draft may have stopped short (draft_stop). Its
         # forwards saved are credited to this step (priced at this batch).
+        n_bucket = spec.bucket_for(n)
         proposal_depth = stopped_depth(conf, has_proposal[idx], last_depth, policy.draft_stop)
-        saved_ms = 0.0
-        if proposal_depth < last_depth:
-            saved_ms = (last_depth - proposal_depth) * cost.draft_ms(spec.bucket_for(n),
-                                                                     context, n)
+        stopped = proposal_depth < last_depth
+        saved_ms = ((last_depth - proposal_depth) * cost.draft_ms(n_bucket, context, n)
+                    if stopped else 0.0)
 
         if oracle is not None:
             useful = np.where(has_proposal[idx], np.minimum(potential, remaining - 1), 0)
@@ -216,8 +216,8 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
                                      drafted=pending_host[2])
             if pending_period is not None:
                 planner.observe_period(plan=pending_period[0], period_ms=pending_period[1])
-            verify_depth = plan.verified_depth if not saved_ms else min(plan.verified_depth,
-                                                                        proposal_depth)
+            verify_depth = (min(plan.verified_depth, proposal_depth) if stopped
+                            else plan.verified_depth)
             verified = _fill(conf, has_proposal[idx], verify_depth, plan.fill_rows - n,
                              remaining)
             bucket, draft_depth = plan.verify_rows, plan.draft_depth
@@ -227,7 +227,6 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         committed = np.minimum(accept, remaining)
 
         noise = np.exp(config.timing_noise * rng.standard_normal(2))
-        n_bucket = spec.bucket_for(n)
         target_ms = cost.target_ms(bucket, context, n) * noise[0]
         draft_ms = 0.0  # the floor (depth 0) runs no drafter forward
         if draft_depth > 0:
