@@ -186,6 +186,16 @@ class AcceptanceModel:
         s = survival_curve(self.profile, self.mu, self.slope, max_depth)
         return s / np.concatenate([[1.0], s[:-1]])
 
+    def survival(self, quality: np.ndarray, drift: np.ndarray, max_depth: int) -> np.ndarray:
+        """[N, K] P(drafts 1..j all accepted) this step for requests in state m + z ([N]
+        each): what a planner that knew every request's acceptance distribution, but not the
+        step's draws, would expect of a proposal (the simulator's informed oracle). Given the
+        state the positions are independent, each accepted with E_eps sigmoid(m + z + beta_j
+        + sigma_tok eps), as `respond_drawn` draws them."""
+        x = (quality + drift)[:, None] + depth_offsets(self.slope, max_depth)  # [N, K]
+        return np.cumprod(np.interp(x, _G_GRID, _token_acceptance(self.profile.token_sigma)),
+                          axis=1)
+
     # ---- sampling --------------------------------------------------------------------------
 
     def new_requests(self, rng: np.random.Generator, n: int

@@ -1,8 +1,9 @@
 """`lightspec-bench simulate`: the planner's closed-loop simulator under the bench's policy names.
 
 The simulator (lightspec_jax.planner.sim.policies) keys its policies as static-3, dspark-11,
-...; here they are spelled as `serve` spells them (static:3, dynamic:11, dspark:7, plus oracle:11
-and the named ablations), mapped onto the simulator's keys, and printed back the same way.
+...; here they are spelled as `serve` spells them (static:3, dynamic:11, dspark:7, plus
+oracle:11, informed:11 and the named ablations), mapped onto the simulator's keys, and printed
+back the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import shlex
 
 from .policies import parse_policy, policy_name
 
-_KINDS = ("static", "dynamic", "dspark", "oracle")
+_KINDS = ("static", "dynamic", "dspark", "oracle", "informed")
 
 
 def simulator_names() -> dict[str, str]:

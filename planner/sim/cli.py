@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="lightspec-bench simulate",
         description="Closed-loop serving simulation of speculative-decoding planners "
-                    "(static K, LightSpec dynamic, DSpark-style) against an oracle.")
+                    "(static K, LightSpec dynamic, DSpark-style) against two oracles, with and "
+                    "without hindsight (oracle, informed).")
     parser.add_argument("--profiles", nargs="+", default=["chat"], choices=sorted(PROFILES),
                         help="workload profiles (default: chat)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=list(CONCURRENCIES),

@@ -10,6 +10,11 @@ and left out — because the attainable rate changes with the batch). It uses th
 model, not a learned table, and the same buckets and draft-cost structure as the planners.
 It is a per-step hindsight bound, not a proof of optimality.
 
+The informed oracle (InformedOracle) chooses the same way without hindsight: it knows each
+request's acceptance probabilities this step, not whether its drafts will be accepted - a
+reference for what a planner that learns acceptance from outcomes could reach; the gap
+between the two oracles is what knowing the draws is worth.
+
 It models what the planners face: a step's price is its wall time, max(device, host) with an
 overlapped loop and device + host without (objective.StepCosts.wall); requests near their end
 cannot use drafts past their allowance (the caller caps `accepted`); and depth 0, the floor,
@@ -42,6 +47,16 @@ class Oracle:
           proposal), already capped by what the request still needs.
         """
         n = accepted.shape[0]
+        full = {d: min(n + int(np.minimum(accepted, d).sum()), self.spec.max_requests)
+                for d in self.spec.choices}
+        # Only rows that will be accepted are verified: each commits a token.
+        depth, bucket, rows = self._best(n, full, lambda depth, rows: rows, context)
+        return depth, bucket, _allocate(np.minimum(accepted, depth), rows - n)
+
+    def _best(self, n: int, full: dict, tokens, context: float) -> tuple[int, int, int]:
+        """(depth, bucket, rows) of the candidate with the best score: each depth d with each
+        bucket from N's up to the one holding full[d] rows, verifying min(B, full[d]) rows
+        that commit tokens(d, rows) tokens (in expectation for the informed oracle)."""
         spec = self.spec
         buckets = np.asarray(spec.verify_buckets)
         lo = int(np.searchsorted(buckets, n))
@@ -52,20 +67,19 @@ class Oracle:
         verify, first = {}, {}  # bucket -> target ms, first draft forward ms
         best = None
         for depth in spec.choices:
-            rows = min(n + int(np.minimum(accepted, depth).sum()), spec.max_requests)
-            hi = int(np.searchsorted(buckets, rows))
+            hi = int(np.searchsorted(buckets, full[depth]))
             for b in buckets[lo:hi + 1].tolist():
-                tokens = min(b, rows)
+                rows = min(b, full[depth])
+                got = tokens(depth, rows)
                 if b not in verify:
                     verify[b] = self.cost.target_ms(b, context, n)
                     first[b] = self.cost.draft_ms(b, context, n)
                 device = verify[b] + (first[b] + (depth - 1) * tail if depth > 0 else 0.0)
                 ms = max(device, host) if self.overlap else device + host
-                score = tokens - lam * ms if lam is not None else tokens / ms
+                score = got - lam * ms if lam is not None else got / ms
                 if best is None or score > best[0]:
-                    best = (score, depth, b, tokens)
-        _, depth, bucket, tokens = best
-        return depth, bucket, _allocate(np.minimum(accepted, depth), tokens - n)
+                    best = (score, depth, b, rows)
+        return best[1], best[2], best[3]
 
     def account(self, tokens: float, ms: float) -> None:
         first = self.ms == 0.0
@@ -85,3 +99,37 @@ def _allocate(accepted: np.ndarray, budget: int) -> np.ndarray:
         verified[grow] += 1
         budget -= grow.size
     return verified
+
+
+class InformedOracle(Oracle):
+    """The oracle without hindsight: it knows every request's acceptance probabilities this
+    step (the workload model's state, AcceptanceModel.survival), not the draws. It verifies
+    the rows of highest survival and chooses depth and bucket, as the oracle does, for the
+    most tokens they are expected to commit against its recent rate. No planner that learns
+    acceptance from outcomes knows a request's state better; the drafter's confidences carry
+    a little of each token's own draw, which this oracle does not read, so it is a reference
+    without hindsight rather than a strict bound on the planners.
+    """
+
+    def choose(self, survival: np.ndarray, *, context: float) -> tuple[int, int, np.ndarray]:
+        """(draft depth d, bucket B, verified drafts per request [N]) for this step.
+
+        survival: [N, K] P(drafts 1..j all accepted) per request, 0 past what it may still
+          use (and everywhere for a request without a proposal); non-increasing along j.
+        """
+        n = survival.shape[0]
+        full, expected = {}, {}
+        for d in self.spec.choices:
+            s = survival[:, :d]
+            best_first = -np.sort(-s[s > 0])  # the rows worth verifying, best first
+            full[d] = min(n + best_first.size, self.spec.max_requests)
+            expected[d] = np.concatenate([[0.0], np.cumsum(best_first)])  # [rows - N]
+        depth, bucket, rows = self._best(
+            n, full, lambda depth, rows: n + float(expected[depth][rows - n]), context)
+        verified = np.zeros(n, dtype=np.int64)
+        if rows > n:
+            # The top rows - N positions; ties keep request-major, position order, so each
+            # request's verified positions are a prefix of its proposal.
+            top = np.argsort(-survival[:, :depth], axis=None, kind="stable")[:rows - n]
+            verified = np.bincount(top // depth, minlength=n)
+        return depth, bucket, verified

@@ -15,7 +15,7 @@ from .. import SERVING_REUSE
 @dataclass(frozen=True, kw_only=True)
 class Policy:
     label: str
-    kind: str  # "static" | "dynamic" | "dspark" | "oracle"
+    kind: str  # "static" | "dynamic" | "dspark" | "oracle" | "informed"
     max_depth: int
     options: tuple = ()  # (name, value) pairs passed to make_planner
     floor: bool | None = None  # depth 0 offered; None: as the engine (dynamic) and the oracle
@@ -25,7 +25,8 @@ class Policy:
 
     @property
     def offers_floor(self) -> bool:
-        return self.kind in ("dynamic", "oracle") if self.floor is None else self.floor
+        return (self.kind in ("dynamic", "oracle", "informed") if self.floor is None
+                else self.floor)
 
     @property
     def is_ablation(self) -> bool:
@@ -47,6 +48,8 @@ POLICIES: dict[str, Policy] = {
                       options=_REUSE),
     "dspark": Policy(label="DSpark-style K=7", kind="dspark", max_depth=7),
     "oracle": Policy(label="oracle K<=11", kind="oracle", max_depth=11),
+    # the bound without hindsight: each request's acceptance probabilities, not the draws
+    "informed": Policy(label="informed oracle K<=11", kind="informed", max_depth=11),
     # ablations of the dynamic planner
     "dynamic-lightllm": Policy(
         label="dynamic as LightLLM's final planner", kind="dynamic", max_depth=11,

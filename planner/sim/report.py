@@ -75,9 +75,16 @@ def _bars(profiles, by_key) -> list[str]:
     if seeds:
         lines += [f"Pooled over {len(seeds[0])} seeds; seeds held: in how many of them on their "
                   "own dynamic reached the best static (and 0.9x the oracle).", ""]
+    # The informed oracle (oracle.InformedOracle), where it ran: the reference without hindsight.
+    informed = any(p == "informed" for (_, _, p) in by_key)
+    if informed:
+        lines += ["Informed: the informed oracle, which knows each request's acceptance "
+                  "probabilities every step but not the draws (no hindsight).", ""]
     lines += ["| profile | c | dynamic / best static | dynamic / oracle | dynamic ≥ best static "
-              "| dynamic ≥ 0.9 oracle |" + (" seeds held |" if seeds else ""),
-              "|---|---:|---:|---:|---|---|" + ("---:|" if seeds else "")]
+              "| dynamic ≥ 0.9 oracle |" + (" seeds held |" if seeds else "")
+              + (" dynamic / informed | informed / oracle |" if informed else ""),
+              "|---|---:|---:|---:|---|---|" + ("---:|" if seeds else "")
+              + ("---:|---:|" if informed else "")]
     for profile in profiles:
         for c in _concurrencies(by_key, profile):
             r = {p: by_key.get((profile, c, p)) for p in _MAIN}
@@ -86,9 +93,13 @@ def _bars(profiles, by_key) -> list[str]:
             dyn = r["dynamic"]["throughput"]
             best = max(r["static-3"]["throughput"], r["static-11"]["throughput"])
             orc = dyn / r["oracle"]["throughput"]
+            bound = by_key.get((profile, c, "informed"))
             lines.append(f"| {profile} | {c} | {dyn / best:.3f} | {orc:.3f} | "
                          f"{'yes' if dyn >= best else 'NO'} | {'yes' if orc >= 0.9 else 'NO'} |"
-                         + (f" {_seeds_held(r)} |" if seeds else ""))
+                         + (f" {_seeds_held(r)} |" if seeds else "")
+                         + ((f" {dyn / bound['throughput']:.3f} | "
+                             f"{bound['throughput'] / r['oracle']['throughput']:.3f} |"
+                             if bound else " – | – |") if informed else ""))
     r = {p: by_key.get(("chat", 256, p)) for p in ("dynamic", "static-11")}
     if all(r.values()):
         gain = r["dynamic"]["throughput"] / r["static-11"]["throughput"] - 1

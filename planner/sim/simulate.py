@@ -1,4 +1,4 @@
-"""Closed-loop serving simulation: any planner, or the oracle, on a synthetic workload.
+"""Closed-loop serving simulation: any planner, or an oracle, on a synthetic workload.
 
     python -m lightspec_jax.planner.sim.simulate --all        # the tables in simulate.md
     python -m lightspec_jax.planner.sim.simulate --profiles chat --concurrency 256 --json out.json
@@ -32,6 +32,8 @@ infinite, ignore-EOS fixed output lengths, as `vllm bench serve --max-concurrenc
   floor    the dynamic planner is offered depth 0 (PlannerSpec(floor=True)), as the engine does
            with autoregressive drafters; static and DSpark-style are not. After a depth-0 step
            no request holds a proposal (num_with_proposal 0 on the next plan)
+  bounds   the oracle knows how many drafts of each request will be accepted; the informed
+           oracle only each request's acceptance probabilities this step (oracle.py)
   reuse    the dynamic planner reuses its decisions as a serving engine's does (SERVING_REUSE),
            which, with the loop overlapped, it does only where the host's time is not hidden
            (LightSpecOptions.hidden_host_share); `dynamic-every-step` decides every step
@@ -56,7 +58,7 @@ from ..fill import fill_lengths, survival_scores
 from ..synthetic import PROFILES, AcceptanceModel
 from ..types import PlannerSpec, StepObservation, geometric_buckets
 from .costmodel import RooflineCostModel, profile_host, profile_tables
-from .oracle import Oracle
+from .oracle import InformedOracle, Oracle
 from .policies import POLICIES
 
 
@@ -138,8 +140,9 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
                        draft_depths=tuple(range(1, k + 1)), max_depth=k,
                        floor=policy.offers_floor)
     planner = oracle = None
-    if policy.kind == "oracle":
-        oracle = Oracle(spec, cost, host=config.host_cost, overlap=config.overlap)
+    if policy.kind in ("oracle", "informed"):
+        bound = Oracle if policy.kind == "oracle" else InformedOracle
+        oracle = bound(spec, cost, host=config.host_cost, overlap=config.overlap)
     else:
         target, draft = profile_tables(cost, spec.verify_buckets)
         host = profile_host(cost, range(1, c + 1)) if config.host_cost else None
@@ -203,8 +206,13 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
                     if stopped else 0.0)
 
         if oracle is not None:
-            useful = np.where(has_proposal[idx], np.minimum(potential, remaining - 1), 0)
-            depth, bucket, verified = oracle.choose(useful, context=context)
+            room = np.where(has_proposal[idx], remaining - 1, 0)  # [N] drafts of use
+            if policy.kind == "oracle":
+                known = np.minimum(potential, room)  # the drafts that will be accepted
+            else:  # this step's acceptance probabilities, the draws unknown
+                known = np.where(np.arange(1, k + 1)[None, :] <= room[:, None],
+                                 model.survival(quality[ids], drift[idx], k), 0.0)  # [N, K]
+            depth, bucket, verified = oracle.choose(known, context=context)
             draft_depth = depth
         else:
             plan = planner.plan(num_requests=n, num_with_proposal=m, confidences=stale_conf,

@@ -79,3 +79,21 @@ def test_simulated_static_depth_7_reproduces_the_calibration_target():
     result = run(SimConfig(profile="chat", concurrency=64, policy="static-7",
                            num_requests=768, seed=3))
     assert result.acceptance_length == pytest.approx(PROFILES["chat"].tau7, abs=0.1)
+
+
+def test_survival_is_what_the_draws_accept():
+    # AcceptanceModel.survival, the informed oracle's knowledge: for requests in a given
+    # state, P(drafts 1..j all accepted) equals the share of drawn steps that accept them.
+    model = AcceptanceModel.calibrated("math")
+    rng = np.random.default_rng(0)
+    n, k = 40_000, 6
+    quality = np.repeat([model.mu - 1.0, model.mu + 1.0], n // 2)
+    drift = np.zeros(n)
+    zero = np.zeros(n)  # no innovation: the draws are taken at this very state
+    _, accepted, _ = model.respond(quality, drift, zero, rng.standard_normal((n, k)),
+                                   rng.random((n, k)), rng.standard_normal((n, k)))
+    survival = model.survival(quality, drift, k)  # [N, K]
+    for half in (slice(0, n // 2), slice(n // 2, n)):
+        drawn = [(accepted[half] >= j).mean() for j in range(1, k + 1)]
+        assert np.allclose(drawn, survival[half][0], atol=0.01)
+    assert (np.diff(survival, axis=1) <= 0).all() and (survival[:n // 2] < survival[n // 2:]).all()

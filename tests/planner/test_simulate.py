@@ -1,4 +1,4 @@
-"""The closed-loop simulator: device-fill emulation, accounting, oracle bound, CLI."""
+"""The closed-loop simulator: device-fill emulation, accounting, oracle bounds, CLI."""
 
 import dataclasses
 import json
@@ -37,7 +37,7 @@ def test_fill_never_verifies_past_a_request_end():
 
 
 @pytest.mark.parametrize("policy", ["static-3", "static-11", "dynamic", "dspark", "oracle",
-                                    "dynamic-draft-stop"])
+                                    "informed", "dynamic-draft-stop"])
 def test_every_requested_token_is_produced_exactly_once_and_none_past_an_end(policy):
     config = SimConfig(profile="code", concurrency=8, policy=policy, num_requests=24)
     trace = []
@@ -242,3 +242,38 @@ def test_cli_pools_seeds_and_counts_those_where_dynamic_held(tmp_path, capsys):
     assert "seeds held" not in capsys.readouterr().out
     single = {r["policy"]: r["throughput"] for r in json.loads(alone.read_text())["runs"]}
     assert {r["policy"]: r["extra"]["seed_throughput"][1] for r in runs} == single
+
+
+def test_informed_oracle_verifies_the_likeliest_rows_up_to_each_end():
+    from lightspec_jax.planner.sim.oracle import InformedOracle
+
+    spec = PlannerSpec(verify_buckets=(1, 2, 3, 4, 6, 8, 12, 16), draft_depths=(1, 2, 3, 4),
+                       max_depth=4, floor=True)
+    cost = RooflineCostModel()
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        n = int(rng.integers(1, 4))
+        survival = np.cumprod(rng.uniform(0.2, 1.0, (n, 4)), axis=1)  # [N, K] non-increasing
+        room = rng.integers(0, 5, n)  # drafts each may still use
+        survival[np.arange(4)[None, :] >= room[:, None]] = 0.0
+        depth, bucket, verified = InformedOracle(spec, cost).choose(
+            survival, context=float(rng.integers(0, 4000)))
+        assert (verified <= np.minimum(room, depth)).all()
+        assert n + verified.sum() <= bucket
+        # the verified rows are the most likely of the chosen depth's positions
+        chosen = [survival[r, j] for r in range(n) for j in range(verified[r])]
+        left = [survival[r, j] for r in range(n) for j in range(verified[r], depth)
+                if survival[r, j] > 0]
+        assert not chosen or not left or min(chosen) >= max(left)
+
+
+def test_the_informed_oracle_lies_between_the_planners_and_the_oracle():
+    # Without hindsight it verifies rows that fail, so it stays below the oracle; knowing
+    # each request's acceptance probabilities, it runs ahead of a planner that learns them
+    # (here, on the same draws).
+    results = {p: run(SimConfig(profile="math", concurrency=4, policy=p, num_requests=40))
+               for p in ("dynamic", "informed", "oracle")}
+    assert results["informed"].wasted_tokens == 0
+    assert results["informed"].acceptance_rate < 1.0 == results["oracle"].acceptance_rate
+    assert (results["dynamic"].throughput < results["informed"].throughput
+            < results["oracle"].throughput)
