@@ -186,15 +186,18 @@ class AcceptanceModel:
         s = survival_curve(self.profile, self.mu, self.slope, max_depth)
         return s / np.concatenate([[1.0], s[:-1]])
 
-    def survival(self, quality: np.ndarray, drift: np.ndarray, max_depth: int) -> np.ndarray:
-        """[N, K] P(drafts 1..j all accepted) this step for requests in state m + z ([N]
-        each): what a planner that knew every request's acceptance distribution, but not the
-        step's draws, would expect of a proposal (the simulator's informed oracle). Given the
-        state the positions are independent, each accepted with E_eps sigmoid(m + z + beta_j
-        + sigma_tok eps), as `respond_drawn` draws them."""
-        x = (quality + drift)[:, None] + depth_offsets(self.slope, max_depth)  # [N, K]
-        return np.cumprod(np.interp(x, _G_GRID, _token_acceptance(self.profile.token_sigma)),
-                          axis=1)
+    def survival(self, state: np.ndarray, max_depth: int, spread: float = 0.0) -> np.ndarray:
+        """[N, K] P(drafts 1..j all accepted) for requests whose latent state m + z this step
+        is known to be `state` ([N]), give or take a normal `spread` (sd; 0: known exactly):
+        what a planner that knew each request's acceptance distribution, but not the step's
+        draws, would expect of a proposal (the simulator's informed oracles). Given the state
+        the positions are independent, each accepted with E_eps sigmoid(m + z + beta_j +
+        sigma_tok eps), as `respond_drawn` draws them."""
+        nodes, weights = (np.zeros(1), np.ones(1)) if spread == 0.0 else (_NODES, _WEIGHTS)
+        x = (state[:, None, None] + spread * nodes[None, :, None]
+             + depth_offsets(self.slope, max_depth)[None, None, :])  # [N, Q, K]
+        g = np.interp(x, _G_GRID, _token_acceptance(self.profile.token_sigma))
+        return np.einsum("nqk,q->nk", np.cumprod(g, axis=2), weights)
 
     # ---- sampling --------------------------------------------------------------------------
 

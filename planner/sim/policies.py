@@ -48,8 +48,14 @@ POLICIES: dict[str, Policy] = {
                       options=_REUSE),
     "dspark": Policy(label="DSpark-style K=7", kind="dspark", max_depth=7),
     "oracle": Policy(label="oracle K<=11", kind="oracle", max_depth=11),
-    # the bound without hindsight: each request's acceptance probabilities, not the draws
+    # the oracle without hindsight: each request's acceptance probabilities this step, not the
+    # draws (oracle.InformedOracle); and knowing less of the request's state: its quality and
+    # last step's drift (this step's drift a draw away), or its quality alone
     "informed": Policy(label="informed oracle K<=11", kind="informed", max_depth=11),
+    "informed-last": Policy(label="informed oracle, the state a step late", kind="informed",
+                            max_depth=11, options=(("knows", "last"),)),
+    "informed-request": Policy(label="informed oracle, request quality only", kind="informed",
+                               max_depth=11, options=(("knows", "request"),)),
     # ablations of the dynamic planner
     "dynamic-lightllm": Policy(
         label="dynamic as LightLLM's final planner", kind="dynamic", max_depth=11,

@@ -196,6 +196,7 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
         m = int(has_proposal[idx].sum())
         context = float((prompts[ids] + generated[idx]).sum())
         remaining = outputs[ids] - generated[idx]  # [N] >= 1
+        before = drift[idx]  # [N] the drift a step ago (an informed oracle may know it)
         drift[idx], potential, conf = model.step(rng, quality[ids], drift[idx], k)
         # The proposal's real depth: the last draft may have stopped short (draft_stop). Its
         # forwards saved are credited to this step (priced at this batch).
@@ -209,9 +210,11 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             room = np.where(has_proposal[idx], remaining - 1, 0)  # [N] drafts of use
             if policy.kind == "oracle":
                 known = np.minimum(potential, room)  # the drafts that will be accepted
-            else:  # this step's acceptance probabilities, the draws unknown
+            else:  # acceptance probabilities, not the draws
+                state, spread = _known_state(dict(policy.options).get("knows", "step"), model,
+                                             quality[ids], before, drift[idx])
                 known = np.where(np.arange(1, k + 1)[None, :] <= room[:, None],
-                                 model.survival(quality[ids], drift[idx], k), 0.0)  # [N, K]
+                                 model.survival(state, k, spread), 0.0)  # [N, K]
             depth, bucket, verified = oracle.choose(known, context=context)
             draft_depth = depth
         else:
@@ -333,6 +336,23 @@ def requests_for(config: SimConfig) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng([config.seed, 1, sorted(PROFILES).index(config.profile)])
     prompts, outputs, quality = model.new_requests(rng, config.num_requests)
     return prompts, outputs, quality, model.initial_drift(rng, config.num_requests)
+
+
+def _known_state(knows: str, model: AcceptanceModel, quality: np.ndarray, before: np.ndarray,
+                 now: np.ndarray) -> tuple[np.ndarray, float]:
+    """What an informed oracle knows of each request's latent state m + z this step: (its
+    mean [N], the normal spread around it). "step": exactly (quality + this step's drift);
+    "last": quality and last step's drift, so this step's drift up to its innovation (AR(1));
+    "request": quality alone, the drift anywhere in its stationary spread."""
+    p = model.profile
+    if knows == "step":
+        return quality + now, 0.0
+    if knows == "last":
+        innovation = float(np.sqrt(1.0 - p.drift_rho ** 2) * p.drift_sigma)  # its sd
+        return quality + p.drift_rho * before, innovation
+    if knows == "request":
+        return quality, p.drift_sigma
+    raise ValueError(f"an informed oracle knows 'step', 'last' or 'request', not {knows!r}")
 
 
 def stopped_depth(conf: np.ndarray, has_proposal: np.ndarray, depth: int, stop: float) -> int:

@@ -92,8 +92,24 @@ def test_survival_is_what_the_draws_accept():
     zero = np.zeros(n)  # no innovation: the draws are taken at this very state
     _, accepted, _ = model.respond(quality, drift, zero, rng.standard_normal((n, k)),
                                    rng.random((n, k)), rng.standard_normal((n, k)))
-    survival = model.survival(quality, drift, k)  # [N, K]
+    survival = model.survival(quality + drift, k)  # [N, K]
     for half in (slice(0, n // 2), slice(n // 2, n)):
         drawn = [(accepted[half] >= j).mean() for j in range(1, k + 1)]
         assert np.allclose(drawn, survival[half][0], atol=0.01)
     assert (np.diff(survival, axis=1) <= 0).all() and (survival[:n // 2] < survival[n // 2:]).all()
+
+
+def test_survival_over_a_spread_state_is_what_its_draws_accept():
+    # Known only up to a normal spread (an informed oracle that knows the quality, not the
+    # drift), the state's survival is the draws' average over that spread.
+    model = AcceptanceModel.calibrated("code")
+    rng = np.random.default_rng(1)
+    n, k, spread = 60_000, 5, model.profile.drift_sigma
+    quality = np.full(n, model.mu)
+    drift = rng.normal(0.0, spread, n)
+    _, accepted, _ = model.respond(quality, drift, np.zeros(n), rng.standard_normal((n, k)),
+                                   rng.random((n, k)), rng.standard_normal((n, k)))
+    expected = model.survival(quality[:1], k, spread)[0]
+    assert np.allclose([(accepted >= j).mean() for j in range(1, k + 1)], expected, atol=0.01)
+    # a spread state accepts deep drafts more often than its mean state would (convexity)
+    assert expected[-1] > model.survival(quality[:1], k)[0, -1]

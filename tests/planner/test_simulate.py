@@ -37,7 +37,7 @@ def test_fill_never_verifies_past_a_request_end():
 
 
 @pytest.mark.parametrize("policy", ["static-3", "static-11", "dynamic", "dspark", "oracle",
-                                    "informed", "dynamic-draft-stop"])
+                                    "informed", "informed-last", "dynamic-draft-stop"])
 def test_every_requested_token_is_produced_exactly_once_and_none_past_an_end(policy):
     config = SimConfig(profile="code", concurrency=8, policy=policy, num_requests=24)
     trace = []
