@@ -133,3 +133,51 @@ class InformedOracle(Oracle):
             top = np.argsort(-survival[:, :depth], axis=None, kind="stable")[:rows - n]
             verified = np.bincount(top // depth, minlength=n)
         return depth, bucket, verified
+
+
+class DriftFilter:
+    """What a planner could know of each request's drift from its outcomes alone: a grid
+    posterior over z per slot (the informed oracle `informed-filter`, which is also told each
+    request's quality m and the drift's dynamics). Each step it predicts through the AR(1)
+    (rho, stationary sd sigma), and after the step it weighs the grid by the likelihood of what
+    the verified drafts showed: the first a accepted, then one rejected if a < verified.
+    planner/synthetic.py draws them so, independent given m + z."""
+
+    def __init__(self, model, slots: int, points: int = 121) -> None:
+        p = model.profile
+        self.model = model
+        self.z = np.linspace(-4.0 * p.drift_sigma, 4.0 * p.drift_sigma, points)  # [G]
+        prior = np.exp(-0.5 * (self.z / p.drift_sigma) ** 2)
+        self.prior = prior / prior.sum()  # [G] the stationary drift
+        sd = np.sqrt(1.0 - p.drift_rho ** 2) * p.drift_sigma
+        move = np.exp(-0.5 * ((self.z[None, :] - p.drift_rho * self.z[:, None]) / sd) ** 2)
+        self.move = move / move.sum(axis=1, keepdims=True)  # [G, G] from row to column
+        self.posterior = np.tile(self.prior, (slots, 1))  # [C, G] after the last outcomes
+
+    def admit(self, slots: np.ndarray) -> None:
+        """New requests: nothing seen yet, their drift anywhere in its stationary spread."""
+        self.posterior[slots] = self.prior
+
+    def survival(self, slots: np.ndarray, quality: np.ndarray, k: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """([N, K] expected survival this step, [N, G, K] survival at each grid drift) for the
+        requests in `slots` of quality [N]: the posterior moved one step on (predict)."""
+        self.posterior[slots] = self.posterior[slots] @ self.move
+        n, g = len(slots), self.z.size
+        at = self.model.survival((quality[:, None] + self.z[None, :]).ravel(), k)
+        at = at.reshape(n, g, k)
+        return np.einsum("ng,ngk->nk", self.posterior[slots], at), at
+
+    def observe(self, slots: np.ndarray, at: np.ndarray, verified: np.ndarray,
+                accepted: np.ndarray) -> None:
+        """A step's outcomes: `accepted` [N] of each request's `verified` [N] drafts accepted
+        (its first rejection the next one, if any); `at` as survival() returned it."""
+        n, g, k = at.shape
+        with_one = np.concatenate([np.ones((n, g, 1)), at], axis=2)  # [N, G, K + 1] S(0..K)
+        rows = np.arange(n)
+        passed = with_one[rows, :, accepted]  # [N, G] S(a)
+        rejected = accepted < verified
+        nxt = with_one[rows, :, np.minimum(accepted + 1, k)]  # [N, G] S(a + 1)
+        likelihood = np.where(rejected[:, None], passed - nxt, passed)  # P(exactly a | z)
+        weighed = self.posterior[slots] * np.maximum(likelihood, 1e-300)
+        self.posterior[slots] = weighed / weighed.sum(axis=1, keepdims=True)

@@ -56,6 +56,8 @@ POLICIES: dict[str, Policy] = {
                             max_depth=11, options=(("knows", "last"),)),
     "informed-request": Policy(label="informed oracle, request quality only", kind="informed",
                                max_depth=11, options=(("knows", "request"),)),
+    "informed-filter": Policy(label="informed oracle, drift learned from outcomes",
+                              kind="informed", max_depth=11, options=(("knows", "filter"),)),
     # ablations of the dynamic planner
     "dynamic-lightllm": Policy(
         label="dynamic as LightLLM's final planner", kind="dynamic", max_depth=11,

@@ -58,7 +58,7 @@ from ..fill import fill_lengths, survival_scores
 from ..synthetic import PROFILES, AcceptanceModel
 from ..types import PlannerSpec, StepObservation, geometric_buckets
 from .costmodel import RooflineCostModel, profile_host, profile_tables
-from .oracle import InformedOracle, Oracle
+from .oracle import DriftFilter, InformedOracle, Oracle
 from .policies import POLICIES
 
 
@@ -140,9 +140,12 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
                        draft_depths=tuple(range(1, k + 1)), max_depth=k,
                        floor=policy.offers_floor)
     planner = oracle = None
+    tracker = None  # the informed-filter oracle's drift posteriors
     if policy.kind in ("oracle", "informed"):
         bound = Oracle if policy.kind == "oracle" else InformedOracle
         oracle = bound(spec, cost, host=config.host_cost, overlap=config.overlap)
+        if dict(policy.options).get("knows") == "filter":
+            tracker = DriftFilter(model, c)
     else:
         target, draft = profile_tables(cost, spec.verify_buckets)
         host = profile_host(cost, range(1, c + 1)) if config.host_cost else None
@@ -180,6 +183,8 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             ids = np.arange(next_req, next_req + free.size)
             next_req += free.size
             slot_req[free], drift[free] = ids, drift0[ids]
+            if tracker is not None:
+                tracker.admit(free)
             generated[free] = 1  # prefill emits the first token
             has_proposal[free] = config.draft_at_prefill and drafting
             acc.output_tokens += free.size
@@ -211,12 +216,17 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             if policy.kind == "oracle":
                 known = np.minimum(potential, room)  # the drafts that will be accepted
             else:  # acceptance probabilities, not the draws
-                state, spread = _known_state(dict(policy.options).get("knows", "step"), model,
-                                             quality[ids], before, drift[idx])
-                known = np.where(np.arange(1, k + 1)[None, :] <= room[:, None],
-                                 model.survival(state, k, spread), 0.0)  # [N, K]
+                if tracker is not None:
+                    survival, at_grid = tracker.survival(idx, quality[ids], k)
+                else:
+                    state, spread = _known_state(dict(policy.options).get("knows", "step"),
+                                                 model, quality[ids], before, drift[idx])
+                    survival = model.survival(state, k, spread)  # [N, K]
+                known = np.where(np.arange(1, k + 1)[None, :] <= room[:, None], survival, 0.0)
             depth, bucket, verified = oracle.choose(known, context=context)
             draft_depth = depth
+            if tracker is not None:
+                tracker.observe(idx, at_grid, verified, np.minimum(potential, verified))
         else:
             plan = planner.plan(num_requests=n, num_with_proposal=m, confidences=stale_conf,
                                 context_len=context, remaining=remaining)
@@ -343,7 +353,8 @@ def _known_state(knows: str, model: AcceptanceModel, quality: np.ndarray, before
     """What an informed oracle knows of each request's latent state m + z this step: (its
     mean [N], the normal spread around it). "step": exactly (quality + this step's drift);
     "last": quality and last step's drift, so this step's drift up to its innovation (AR(1));
-    "request": quality alone, the drift anywhere in its stationary spread."""
+    "request": quality alone, the drift anywhere in its stationary spread. ("filter": the
+    quality, and the drift as DriftFilter learns it from outcomes.)"""
     p = model.profile
     if knows == "step":
         return quality + now, 0.0

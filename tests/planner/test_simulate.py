@@ -37,7 +37,8 @@ def test_fill_never_verifies_past_a_request_end():
 
 
 @pytest.mark.parametrize("policy", ["static-3", "static-11", "dynamic", "dspark", "oracle",
-                                    "informed", "informed-last", "dynamic-draft-stop"])
+                                    "informed", "informed-last", "informed-filter",
+                                    "dynamic-draft-stop"])
 def test_every_requested_token_is_produced_exactly_once_and_none_past_an_end(policy):
     config = SimConfig(profile="code", concurrency=8, policy=policy, num_requests=24)
     trace = []
@@ -277,3 +278,29 @@ def test_the_informed_oracle_lies_between_the_planners_and_the_oracle():
     assert results["informed"].acceptance_rate < 1.0 == results["oracle"].acceptance_rate
     assert (results["dynamic"].throughput < results["informed"].throughput
             < results["oracle"].throughput)
+
+
+def test_the_drift_filter_learns_a_requests_drift_from_its_outcomes():
+    # One request, every step verifying all K drafts: the filter's posterior mean follows the
+    # drift it never sees (closer than the prior's spread), and a new request starts over.
+    from lightspec_jax.planner.sim.oracle import DriftFilter
+    from lightspec_jax.planner.synthetic import AcceptanceModel
+
+    model = AcceptanceModel.calibrated("code")
+    rng = np.random.default_rng(3)
+    k, sigma = 7, model.profile.drift_sigma
+    tracker = DriftFilter(model, slots=2)
+    slot, quality, drift = np.array([1]), np.array([model.mu]), model.initial_drift(rng, 1)
+    truth, means = [], []
+    for _ in range(400):
+        _, at = tracker.survival(slot, quality, k)
+        drift, accepted, _ = model.step(rng, quality, drift, k)
+        tracker.observe(slot, at, np.array([k]), accepted)
+        truth.append(drift[0])
+        means.append(tracker.posterior[1] @ tracker.z)
+    truth, means = np.array(truth[50:]), np.array(means[50:])
+    assert np.corrcoef(truth, means)[0, 1] > 0.5
+    assert np.mean((truth - means) ** 2) < 0.8 * sigma ** 2  # the prior alone: sigma ** 2
+    assert np.allclose(tracker.posterior[0], tracker.prior)  # the other slot saw nothing
+    tracker.admit(slot)
+    assert np.allclose(tracker.posterior[1], tracker.prior)
