@@ -109,7 +109,51 @@ class InformedOracle(Oracle):
     acceptance from outcomes knows a request's state better; the drafter's confidences carry
     a little of each token's own draw, which this oracle does not read, so it is a reference
     without hindsight rather than a strict bound on the planners.
+
+    `knows` how much of each request's latent state m + z it is told: "step" exactly;
+    "last" the quality and last step's drift, this step's drift up to its innovation (AR(1));
+    "request" the quality alone, the drift anywhere in its stationary spread; "filter" the
+    quality, the drift as DriftFilter learns it from the outcomes (per slot, `slots` of them).
     """
+
+    def __init__(self, spec: PlannerSpec, cost_model, *, model, knows: str = "step",
+                 slots: int = 0, host: bool = True, overlap: bool = True) -> None:
+        if knows not in ("step", "last", "request", "filter"):
+            raise ValueError(f"an informed oracle knows 'step', 'last', 'request' or "
+                             f"'filter', not {knows!r}")
+        super().__init__(spec, cost_model, host=host, overlap=overlap)
+        self.model, self.knows = model, knows
+        self.tracker = DriftFilter(model, slots) if knows == "filter" else None
+        self._at = None  # the tracker's survival at each grid drift, for learn()
+
+    def admit(self, slots: np.ndarray) -> None:
+        """Requests new in these slots (the filter starts over for them)."""
+        if self.tracker is not None:
+            self.tracker.admit(slots)
+
+    def survival(self, slots: np.ndarray, quality: np.ndarray, before: np.ndarray,
+                 now: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """[N, K] what it expects of each request's proposal this step, 0 past its `room` (the
+        drafts it may still use): quality [N]; the drift a step ago and now, [N] each (the
+        simulation's truth, read only as far as `knows` allows)."""
+        k = self.spec.max_depth
+        if self.tracker is not None:
+            survival, self._at = self.tracker.survival(slots, quality, k)
+        else:
+            p = self.model.profile
+            state, spread = {
+                "step": (quality + now, 0.0),
+                "last": (quality + p.drift_rho * before,
+                         float(np.sqrt(1.0 - p.drift_rho ** 2) * p.drift_sigma)),
+                "request": (quality, p.drift_sigma)}[self.knows]
+            survival = self.model.survival(state, k, spread)
+        return np.where(np.arange(1, k + 1)[None, :] <= room[:, None], survival, 0.0)
+
+    def learn(self, slots: np.ndarray, verified: np.ndarray, accepted: np.ndarray) -> None:
+        """The step's outcomes (`accepted` of `verified` drafts, [N] each): the filter's only
+        source of the drift."""
+        if self.tracker is not None:
+            self.tracker.observe(slots, self._at, verified, accepted)
 
     def choose(self, survival: np.ndarray, *, context: float) -> tuple[int, int, np.ndarray]:
         """(draft depth d, bucket B, verified drafts per request [N]) for this step.

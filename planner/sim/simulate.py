@@ -58,7 +58,7 @@ from ..fill import fill_lengths, survival_scores
 from ..synthetic import PROFILES, AcceptanceModel
 from ..types import PlannerSpec, StepObservation, geometric_buckets
 from .costmodel import RooflineCostModel, profile_host, profile_tables
-from .oracle import DriftFilter, InformedOracle, Oracle
+from .oracle import InformedOracle, Oracle
 from .policies import POLICIES
 
 
@@ -140,12 +140,11 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
                        draft_depths=tuple(range(1, k + 1)), max_depth=k,
                        floor=policy.offers_floor)
     planner = oracle = None
-    tracker = None  # the informed-filter oracle's drift posteriors
-    if policy.kind in ("oracle", "informed"):
-        bound = Oracle if policy.kind == "oracle" else InformedOracle
-        oracle = bound(spec, cost, host=config.host_cost, overlap=config.overlap)
-        if dict(policy.options).get("knows") == "filter":
-            tracker = DriftFilter(model, c)
+    if policy.kind == "oracle":
+        oracle = Oracle(spec, cost, host=config.host_cost, overlap=config.overlap)
+    elif policy.kind == "informed":
+        oracle = InformedOracle(spec, cost, model=model, slots=c, host=config.host_cost,
+                                overlap=config.overlap, **dict(policy.options))
     else:
         target, draft = profile_tables(cost, spec.verify_buckets)
         host = profile_host(cost, range(1, c + 1)) if config.host_cost else None
@@ -183,8 +182,8 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             ids = np.arange(next_req, next_req + free.size)
             next_req += free.size
             slot_req[free], drift[free] = ids, drift0[ids]
-            if tracker is not None:
-                tracker.admit(free)
+            if policy.kind == "informed":
+                oracle.admit(free)
             generated[free] = 1  # prefill emits the first token
             has_proposal[free] = config.draft_at_prefill and drafting
             acc.output_tokens += free.size
@@ -216,17 +215,11 @@ def run(config: SimConfig, cost_model=None, trace: list | None = None) -> RunRes
             if policy.kind == "oracle":
                 known = np.minimum(potential, room)  # the drafts that will be accepted
             else:  # acceptance probabilities, not the draws
-                if tracker is not None:
-                    survival, at_grid = tracker.survival(idx, quality[ids], k)
-                else:
-                    state, spread = _known_state(dict(policy.options).get("knows", "step"),
-                                                 model, quality[ids], before, drift[idx])
-                    survival = model.survival(state, k, spread)  # [N, K]
-                known = np.where(np.arange(1, k + 1)[None, :] <= room[:, None], survival, 0.0)
+                known = oracle.survival(idx, quality[ids], before, drift[idx], room)  # [N, K]
             depth, bucket, verified = oracle.choose(known, context=context)
             draft_depth = depth
-            if tracker is not None:
-                tracker.observe(idx, at_grid, verified, np.minimum(potential, verified))
+            if policy.kind == "informed":
+                oracle.learn(idx, verified, np.minimum(potential, verified))
         else:
             plan = planner.plan(num_requests=n, num_with_proposal=m, confidences=stale_conf,
                                 context_len=context, remaining=remaining)
@@ -346,24 +339,6 @@ def requests_for(config: SimConfig) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng([config.seed, 1, sorted(PROFILES).index(config.profile)])
     prompts, outputs, quality = model.new_requests(rng, config.num_requests)
     return prompts, outputs, quality, model.initial_drift(rng, config.num_requests)
-
-
-def _known_state(knows: str, model: AcceptanceModel, quality: np.ndarray, before: np.ndarray,
-                 now: np.ndarray) -> tuple[np.ndarray, float]:
-    """What an informed oracle knows of each request's latent state m + z this step: (its
-    mean [N], the normal spread around it). "step": exactly (quality + this step's drift);
-    "last": quality and last step's drift, so this step's drift up to its innovation (AR(1));
-    "request": quality alone, the drift anywhere in its stationary spread. ("filter": the
-    quality, and the drift as DriftFilter learns it from outcomes.)"""
-    p = model.profile
-    if knows == "step":
-        return quality + now, 0.0
-    if knows == "last":
-        innovation = float(np.sqrt(1.0 - p.drift_rho ** 2) * p.drift_sigma)  # its sd
-        return quality + p.drift_rho * before, innovation
-    if knows == "request":
-        return quality, p.drift_sigma
-    raise ValueError(f"an informed oracle knows 'step', 'last' or 'request', not {knows!r}")
 
 
 def stopped_depth(conf: np.ndarray, has_proposal: np.ndarray, depth: int, stop: float) -> int:

@@ -247,7 +247,9 @@ def test_cli_pools_seeds_and_counts_those_where_dynamic_held(tmp_path, capsys):
 
 def test_informed_oracle_verifies_the_likeliest_rows_up_to_each_end():
     from lightspec_jax.planner.sim.oracle import InformedOracle
+    from lightspec_jax.planner.synthetic import AcceptanceModel
 
+    model = AcceptanceModel.calibrated("code")  # the choice reads only the survival it is given
     spec = PlannerSpec(verify_buckets=(1, 2, 3, 4, 6, 8, 12, 16), draft_depths=(1, 2, 3, 4),
                        max_depth=4, floor=True)
     cost = RooflineCostModel()
@@ -257,7 +259,7 @@ def test_informed_oracle_verifies_the_likeliest_rows_up_to_each_end():
         survival = np.cumprod(rng.uniform(0.2, 1.0, (n, 4)), axis=1)  # [N, K] non-increasing
         room = rng.integers(0, 5, n)  # drafts each may still use
         survival[np.arange(4)[None, :] >= room[:, None]] = 0.0
-        depth, bucket, verified = InformedOracle(spec, cost).choose(
+        depth, bucket, verified = InformedOracle(spec, cost, model=model).choose(
             survival, context=float(rng.integers(0, 4000)))
         assert (verified <= np.minimum(room, depth)).all()
         assert n + verified.sum() <= bucket
