@@ -26,6 +26,15 @@ thrown away: beside a plain replay, the same decisions with and without the plan
 instead of the variant's own: variants that replay one pass run the very same steps, so
 `busy=...,planner_busy=true,plans_from=idle` beside `idle=dynamic:7,replay_plans=true` - or
 two planners' versions busy on one list - differ in the planner's host work alone.
+`cost_table=PATH` starts the variant's engine from a copy of the cost tables in PATH (a file
+the engine's cost cache or `cost_table_path` wrote), and `cost_table=sweep` from a fresh
+start-up sweep; without it a variant loads the engine's cost cache like any engine. The copy
+takes the variant's online refresh, so PATH is left as it was. Two variants, one on a table
+refreshed over many runs and one on a fresh sweep, show what the table's history costs:
+
+    python benchmarks/policy_ab.py --workload math --concurrency 1 --num-prompts 48 \
+        --repeats 10 static:3 old=dynamic:7,cost_table=OLD.json fresh=dynamic:7,cost_table=sweep
+
 `planner_at=REV` builds the variant's planner from the planner package at git revision REV
 (planner_replay.planner_at), so a planner change runs against its predecessor in one process:
 
@@ -50,7 +59,9 @@ import ast
 import collections
 import dataclasses
 import os
+import shutil
 import sys
+import tempfile
 import time
 import types
 
@@ -70,6 +81,7 @@ class Variant:
     replay_plans: bool = False  # timed repeats replay one pass's plans, the planner idle
     planner_busy: bool = False  # ... the live planner still working, its plans discarded
     plans_from: str | None = None  # ... the plans another (earlier) variant's pass recorded
+    cost_table: str | None = None  # a cost-table file to start from, or "sweep" (None: cache)
 
 
 def parse_variant(text: str) -> Variant:
@@ -85,7 +97,7 @@ def parse_variant(text: str) -> Variant:
         k = 7
     options, force, catch_up, revision, timed = {}, None, True, None, None
     replay = busy = False
-    source = None
+    source = table = None
     for item in rest:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -96,6 +108,12 @@ def parse_variant(text: str) -> Variant:
             continue
         if key == "plans_from":  # a label, as written
             source = value
+            continue
+        if key == "cost_table":  # a path or "sweep", as written
+            if value != "sweep" and not os.path.isfile(value):
+                raise argparse.ArgumentTypeError(f"variant {text!r}: cost_table={value} is "
+                                                 "neither a file nor 'sweep'")
+            table = value
             continue
         word = {"true": "True", "false": "False", "none": "None"}.get(value.lower(), value)
         try:
@@ -120,14 +138,15 @@ def parse_variant(text: str) -> Variant:
     if (busy or source) and not replay:
         raise argparse.ArgumentTypeError(f"variant {text!r}: planner_busy and plans_from need "
                                          "replay_plans")
-    tuned = options or force is not None or not catch_up or revision or timed or replay
+    tuned = (options or force is not None or not catch_up or revision or timed or replay
+             or table)
     if tuned and name not in ("dynamic", "dspark"):
         raise argparse.ArgumentTypeError(f"variant {text!r}: planner options apply to dynamic "
                                          "and dspark policies only")
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,
                    force_depth=force, catch_up=catch_up, planner_at=revision,
                    floor_timed=timed, replay_plans=replay, planner_busy=busy,
-                   plans_from=source)
+                   plans_from=source, cost_table=table)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
@@ -142,10 +161,17 @@ def build(variant: Variant, args, concurrency: int, longest: int):
         make = make_planner_at(variant.planner_at)
     planning_module.make_planner = lambda *a, **kw: make(*a, **{**kw, **variant.options})
     DraftLMDrafter.catches_up = variant.catch_up  # read once, when the runner is built
+    tables = {}
+    if variant.cost_table is not None:
+        # A copy in a folder of its own: the engine writes its refreshed tables back to it.
+        path = os.path.join(tempfile.mkdtemp(prefix="policy_ab_costs_"), "costs.json")
+        if variant.cost_table != "sweep":
+            shutil.copyfile(variant.cost_table, path)
+        tables = {"cost_table_path": path}
     try:
         engine = build_engine(args, policy=variant.policy, depth=variant.depth,
                               concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,
-                              longest_prompt=longest)
+                              longest_prompt=longest, **tables)
     finally:
         planning_module.make_planner = today
         DraftLMDrafter.catches_up = True

@@ -3,6 +3,7 @@ variants served side by side agree token for token."""
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -48,6 +49,36 @@ def test_variants_parse_labels_options_and_a_forced_depth(bench):
                 "dynamic:7,planner_busy=true", "dynamic:7,plans_from=r"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_variant(bad)
+
+
+def test_a_variant_starts_from_a_cost_table_file_or_a_fresh_sweep(bench, tmp_path):
+    path = tmp_path / "costs.json"
+    path.write_text("{}")
+    assert bench.parse_variant(f"old=dynamic:3,cost_table={path}").cost_table == str(path)
+    assert bench.parse_variant("fresh=dynamic:3,cost_table=sweep").cost_table == "sweep"
+    assert bench.parse_variant("dynamic:3").cost_table is None
+    for bad in (f"dynamic:3,cost_table={tmp_path / 'missing.json'}", f"static:3,cost_table={path}"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_variant(bad)
+
+
+def test_cost_table_variants_serve_alike_and_leave_the_file_as_it_was(bench, capsys, tmp_path):
+    # One variant starts from a table file (a copy, which takes its refresh), another from a
+    # fresh sweep; both serve greedy tokens equal to the reference's.
+    from lightspec_jax.planner import CostTable
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"target": CostTable({2: 1.0, 4: 1.2, 8: 1.6}).to_json(),
+                                "draft": CostTable({2: 0.1, 4: 0.1, 8: 0.1}).to_json()}))
+    before = path.read_bytes()
+    code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
+                       "--max-tokens", "6", "--repeats", "1", "static:2",
+                       f"old=dynamic:3,cost_table={path}", "fresh=dynamic:3,cost_table=sweep"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "every variant's output equals static:2's" in out
+    assert path.read_bytes() == before
+    loaded = [line for line in out.splitlines() if "cost tables from" in line]
+    assert loaded and all("policy_ab_costs_" in line for line in loaded), out
 
 
 def _steps(rows):
