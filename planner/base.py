@@ -33,7 +33,8 @@ class BasePlanner:
     def __init__(self, spec: PlannerSpec, *, target_costs: CostTable | None = None,
                  draft_costs: CostTable | None = None, depth_costs: CostTable | None = None,
                  host_costs: CostTable | None = None, overlap: bool = True,
-                 refresh_costs: bool = True, reprice_every: int = 8) -> None:
+                 refresh_costs: bool = True, refresh_cells: bool = False,
+                 reprice_every: int = 8) -> None:
         """target_costs: verify ms by rows B. draft_costs: ms of the drafter's first forward by
         rows (over the B verified rows; also each further depth over N rows unless depth_costs
         is given). depth_costs (optional): ms of the whole drafting stage after that first
@@ -45,6 +46,8 @@ class BasePlanner:
         that draft are timed apart (host_draft_costs, learned online only): they dispatch a
         second executable and do more bookkeeping, and one table for both would price
         drafting at whichever regime the planner sat in.
+        refresh_costs: fold measured step times into the device tables, as a change of level
+        of each context column (CostTable.update_level), or cell by cell (`refresh_cells`).
         reprice_every: plan() prices every bucket once and reuses the prices for up to this
         many calls while N and the context stay put (within 2%), even if the online refresh
         moved the tables meanwhile: pricing is most of plan()'s time, and one refreshed
@@ -62,6 +65,7 @@ class BasePlanner:
         self.overlap = bool(overlap)
         self.host_overlap = HostOverlap(prior=0.0 if self.overlap else 1.0)
         self.refresh_costs = refresh_costs
+        self.refresh_cells = refresh_cells
         if reprice_every < 1:
             raise ValueError(f"reprice_every must be >= 1, got {reprice_every}")
         self.reprice_every = int(reprice_every)
@@ -215,7 +219,8 @@ class BasePlanner:
         return costs
 
     def _refresh(self, obs: StepObservation, context: float | None) -> None:
-        """Fold measured times into the cost tables (EMA per cell)."""
+        """Fold measured times into the cost tables: an EMA of each context column's level
+        (CostTable.update_level), or of each cell (`refresh_cells`)."""
         plan = obs.plan
         drafted = plan
         if obs.step_ms is not None and obs.draft_plan is not None:
@@ -240,10 +245,15 @@ class BasePlanner:
             # preemption on a shared machine would otherwise set a cell several-fold off, and
             # the imputed cells around it with it. A real change still gets there, a factor 2
             # per sample, at the EMA's pace.
+            moved = set()  # tables whose level this sample moved (every part, one factor)
             for name, key, per_forward in split_measured_ms(
                     self.spec, tables, measured_ms=ms, parts=parts, context_len=context,
                     max_scale=2.0):
-                tables[name].update(key, per_forward, context)
+                if self.refresh_cells:
+                    tables[name].update(key, per_forward, context)
+                elif name not in moved:
+                    moved.add(name)
+                    tables[name].update_level(key, per_forward, context)
 
     # ---- subclass hooks --------------------------------------------------------------------
 

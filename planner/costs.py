@@ -3,7 +3,8 @@
 LightLLM (ModelTC/LightLLM, `mtp_speculative/planner`) times each CUDA graph once at start-up
 with 2-token dummy contexts and never refreshes, so costs that grow with context are invisible
 to it. Here a table starts from the same kind of profile and is refreshed online by an EMA of
-measured step times, with a context axis:
+measured step times, with a context axis. The planner's refresh moves each context column as a
+whole (`update_level`), keeping the profile's shape across keys; `update` moves one cell.
 
 * rows: lookup rounds up to the next key (a padded shape costs its bucket); above the largest
   key the cost is extrapolated linearly, cost_max * rows / rows_max.
@@ -165,6 +166,41 @@ class CostTable:
             cell[0] = self.decay * cell[0] + (1.0 - self.decay) * ms
             cell[1] += 1
             self._clear_caches()
+
+    def update_level(self, rows: int, ms: float, context_len: float | None = None) -> None:
+        """Fold one measured forward time in as a change of level of its context column: the
+        cell holding `rows` moves by the EMA as update() moves it, and every other key of the
+        column moves by the same factor, so the column keeps its shape - the start-up sweep's,
+        which measured every key in turn. A column's first sample sets its cell as update()
+        does, and the column's other keys take their imputed values (the nearest column
+        shifted or scaled to it, `impute`), kept from then on.
+
+        With update() each cell follows its own samples, and a cell is sampled only while the
+        planner chooses it: one priced in a slow phase of a shared machine keeps that price
+        until it is chosen again, which a dear price prevents. Over many runs the persistent
+        table of the tiny pair's c = 1 engine drifted so that every draft depth cost alike at
+        short contexts; side by side with a fresh sweep it drafted deeper and ran 1.5-3.5%
+        slower (BENCHMARKS.md, "Forty-third session: the main job at c = 1 and 128")."""
+        ms = _check_ms(rows, ms)
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        keys = self._row_keys
+        column = self._column_for(context_len)
+        if not keys or rows > keys[-1] or not self._cells.get(column):
+            self.update(rows, ms, context_len)  # a new key, or a new column's first sample
+            cells = self._cells[column]
+            for key, value in zip(self._row_keys, self._vector(column)):
+                cells.setdefault(key, [value, 0])
+            self._clear_caches()
+            return
+        current = self._vector(column)  # [keys]: every key of a column is a cell once sampled
+        at = bisect.bisect_left(keys, rows)
+        ratio = self.decay + (1.0 - self.decay) * ms / current[at]  # the EMA at `rows`
+        cells = self._cells[column]
+        for key, value in zip(keys, current):
+            count = (cells[key][1] if key in cells else 0) + (key == keys[at])
+            cells[key] = [value * ratio, count]
+        self._clear_caches()
 
     def count(self, rows: int, context_len: float | None = None) -> int:
         """Samples folded into the cell that holds `rows` at `context_len` (0 if none)."""

@@ -81,6 +81,7 @@ class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
         super().__init__(spec, target_costs=target_costs, draft_costs=draft_costs,
                          depth_costs=depth_costs, host_costs=host_costs, overlap=overlap,
                          refresh_costs=self.options.refresh_costs,
+                         refresh_cells=self.options.refresh_cells,
                          reprice_every=self.options.reprice_every)
         self.stats = AcceptanceStats(max_depth=spec.max_depth,
                                      progress_decay=self.options.progress_decay,

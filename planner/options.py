@@ -28,6 +28,10 @@ class LightSpecOptions:
     explore_fraction: float = 0.02  # share of step time probes may cost; 0 disables probes
     min_probe_interval: int = 16  # steps between probes, at least
     refresh_costs: bool = True  # EMA-refresh cost tables from measured times
+    # The refresh moves each context column of a table as a whole, keeping the shape the
+    # start-up sweep measured (CostTable.update_level); True: each cell follows its own
+    # samples (CostTable.update), the refresh before the forty-third session.
+    refresh_cells: bool = False
     reprice_every: int = 8  # plan() calls that may reuse one pricing (BasePlanner)
     floor_margin: float = 0.02  # the floor must beat the best depth >= 1 by this share
     # plan() calls that may reuse one decision while the step's shape stays nearly put (the

@@ -68,6 +68,51 @@ def test_update_above_the_largest_key_adds_a_key_and_first_sample_replaces():
     assert empty.estimate(3) == 2.0 and empty.estimate(6) == pytest.approx(4.0)
 
 
+def test_update_level_moves_the_whole_column_and_keeps_its_shape():
+    # A draft stage keyed by depth ("scale"): a depth-5 sample moves every depth by the factor
+    # the EMA moves depth 5 by, so what depth 7 costs over depth 3 stays the sweep's ratio,
+    # however the single steps scatter. The sampled cell alone counts the sample.
+    sweep = {1: 0.3, 3: 0.9, 5: 1.5, 7: 2.1}
+    table = CostTable(sweep, decay=0.9, impute="scale")
+    for ms in (3.0, 1.0, 2.5):
+        before = table.estimate(5)
+        table.update_level(5, ms)
+        assert table.estimate(5) == pytest.approx(0.9 * before + 0.1 * ms)
+    factor = table.estimate(5) / 1.5
+    for depth, ms in sweep.items():
+        assert table.estimate(depth) == pytest.approx(ms * factor)
+    assert table.count(5) == 4 and table.count(7) == 1
+    # So does a table whose columns impute by a shift: the level is a factor within a column.
+    rows = CostTable({4: 1.0, 8: 2.0}, decay=0.5)
+    rows.update_level(4, 2.0)
+    assert rows.estimate(4) == pytest.approx(1.5) and rows.estimate(8) == pytest.approx(3.0)
+    # Cell by cell (update), a sample moves its own cell: the sweep's shape is gone.
+    cells = CostTable(sweep, decay=0.9, impute="scale")
+    cells.update(5, 3.0)
+    assert cells.estimate(7) == 2.1 and cells.estimate(5) > 1.5
+
+
+def test_update_level_starts_a_new_column_from_the_estimate_at_its_context():
+    # A context the table has no column for: its first sample sets its cell, and its other
+    # keys take the imputed values (attention's cost, common to every row count, shifts them;
+    # a shift that would leave a cell at or below zero scales it instead). Later samples
+    # move the column as one; the other columns stay.
+    table = CostTable({4: 1.0, 8: 2.0}, context_len=0, impute="shift")
+    table.update_level(8, 5.0, context_len=4096)
+    assert table.estimate(8, 4096) == pytest.approx(5.0)
+    assert table.estimate(4, 4096) == pytest.approx(4.0)
+    assert table.estimate(8, 0) == 2.0 and table.count(4, 4096) == 0
+    table.update_level(4, 6.0, context_len=4096)
+    assert table.estimate(4, 4096) == pytest.approx(4.2)
+    assert table.estimate(8, 4096) == pytest.approx(5.0 * 4.2 / 4.0)
+    table.update_level(8, 0.5, context_len=8192)
+    assert table.estimate(8, 8192) == pytest.approx(0.5)
+    assert table.estimate(4, 8192) == pytest.approx(4.2 * 0.5 / 5.25)
+    # Beyond the largest key a sample adds the key, as update() does.
+    table.update_level(16, 9.0, context_len=4096)
+    assert table.rows == (4, 8, 16) and table.estimate(16, 4096) == pytest.approx(9.0)
+
+
 def test_context_free_table_ignores_context():
     table = CostTable({4: 1.0})
     table.update(4, 3.0, context_len=100_000)
