@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import collections
+import atexit
 import dataclasses
 import os
 import shutil
@@ -66,6 +66,8 @@ import time
 import types
 
 import numpy as np
+
+from step_kinds import period_fit, summarize  # benchmarks/: the script's own folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +166,9 @@ def build(variant: Variant, args, concurrency: int, longest: int):
     tables = {}
     if variant.cost_table is not None:
         # A copy in a folder of its own: the engine writes its refreshed tables back to it.
-        path = os.path.join(tempfile.mkdtemp(prefix="policy_ab_costs_"), "costs.json")
+        folder = tempfile.mkdtemp(prefix="policy_ab_costs_")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        path = os.path.join(folder, "costs.json")
         if variant.cost_table != "sweep":
             shutil.copyfile(variant.cost_table, path)
         tables = {"cost_table_path": path}
@@ -269,55 +273,6 @@ def _serve(engine, script: ReplayedPlans, busy: bool) -> ReplayedPlans:
         feedback.planner = script
         feedback.refresh_costs = feedback.refresh_costs and busy
     return script
-
-
-def summarize(repeats: list[list], concurrency: int) -> dict:
-    """repeats: per repeat, (read time, StepRecord, StepPlan) of each step read back."""
-    kinds = collections.defaultdict(lambda: [0, 0.0, 0])  # kind -> steps, ms, tokens
-    for steps in repeats:
-        for (before, _, _), (when, record, _) in zip(steps, steps[1:]):
-            kind = ("prefill" if record.prefill_rows else
-                    "full" if record.num_requests >= 0.75 * concurrency else
-                    "tail" if record.num_requests else "empty")
-            cell = kinds[kind]
-            cell[0] += 1
-            cell[1] += 1e3 * (when - before)
-            cell[2] += record.emitted
-    decode = [r for steps in repeats for _, r, _ in steps if r.verify_rows and not r.prefill_rows]
-    plans = [p for steps in repeats for _, r, p in steps
-             if r.verify_rows and not r.prefill_rows and p is not None and p.full_rows]
-    return {"kinds": dict(kinds),
-            # decode steps that verified fewer rows than the proposal's full width
-            "trimmed": sum(p.fill_rows < p.full_rows for p in plans) / max(len(plans), 1),
-            "plan_ms": float(np.mean([r.plan_ms for r in decode])) if decode else 0.0,
-            "host_ms": float(np.mean([r.host_ms for r in decode])) if decode else 0.0,
-            "depths": dict(sorted(collections.Counter(r.draft_depth for r in decode).items()))}
-
-
-def period_fit(repeats: list[list]) -> list[str]:
-    """Least squares, per kind of step, of the period between read-backs on prompt rows,
-    verify rows and the draft rows before them (the previous plan's depth x requests)."""
-    rows = []
-    for steps in repeats:
-        for (before, _, last), (when, record, plan) in zip(steps, steps[1:]):
-            if plan is not None and last is not None and record.num_requests:
-                rows.append((1e3 * (when - before), record.prefill_rows, record.verify_rows,
-                             last.draft_depth * last.num_requests))
-    out = []
-    data = np.array(rows, float).reshape(-1, 4)
-    for kind, mask in (("decode", data[:, 1] == 0), ("prefill", data[:, 1] > 0)):
-        x = data[mask]
-        if len(x) < 8:
-            out.append(f"{kind}: {len(x)} steps, too few to fit")
-            continue
-        design = np.column_stack([np.ones(len(x)), x[:, 1], x[:, 2], x[:, 3]])
-        coef = np.linalg.lstsq(design, x[:, 0], rcond=None)[0]
-        resid = x[:, 0] - design @ coef
-        r2 = 1.0 - (resid ** 2).sum() / max(((x[:, 0] - x[:, 0].mean()) ** 2).sum(), 1e-12)
-        out.append(f"{kind}: {len(x)} steps, period ms = {coef[0]:.2f} + {coef[1]:.4f} x prompt"
-                   f" rows + {coef[2]:.4f} x verify rows + {coef[3]:.4f} x draft rows "
-                   f"(R^2 {r2:.2f}; mean {x[:, 0].mean():.1f} ms)")
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,13 +17,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def bench():
+    folder = os.path.join(ROOT, "benchmarks")
+    sys.path.insert(0, folder)  # as for the script: it imports its step accounting from there
     spec = importlib.util.spec_from_file_location(
-        "policy_ab", os.path.join(ROOT, "benchmarks", "policy_ab.py"))
+        "policy_ab", os.path.join(folder, "policy_ab.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.path.remove(folder)
 
 
 def test_variants_parse_labels_options_and_a_forced_depth(bench):
