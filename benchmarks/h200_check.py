@@ -119,6 +119,8 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
     """Synthetic-acceptance serving (chat profile) at concurrency c: static K=11, dynamic,
     static K=3, none - one shared persistent compile cache, so engines after the first mostly
     load their executables."""
+    import atexit
+    import shutil
     import tempfile
 
     import jax.numpy as jnp
@@ -133,6 +135,9 @@ def run_serving(plan: Plan, deadline: float, publish) -> list[dict]:
     from lightspec_jax.models import Eagle3, Eagle3Config, Qwen3, Qwen3Config
 
     cache_dir = tempfile.mkdtemp(prefix="lightspec_h200_check_")
+    # The engines below share it; nothing reads it after this process (each dry run of the
+    # test suite left one behind).
+    atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
     enable_compilation_cache(cache_dir)
     c = plan.serve_c
     target_cfg = Qwen3Config(**plan.serve_shape)
