@@ -35,6 +35,12 @@ refreshed over many runs and one on a fresh sweep, show what the table's history
     python benchmarks/policy_ab.py --workload math --concurrency 1 --num-prompts 48 \
         --repeats 10 static:3 old=dynamic:7,cost_table=OLD.json fresh=dynamic:7,cost_table=sweep
 
+A variant whose planner is not the engine's own (planner options, `planner_at`, `force_depth`,
+`catch_up=false`, `floor_timed`) and names no `cost_table` starts from the engine's cost cache
+but writes its refreshed tables to a temporary copy: the cache that default engines load stays
+refreshed by the default planner alone (the forty-fourth session found the shared tables
+drifted, refreshed cell by cell by variants of the old planner run beside the new).
+
 `planner_at=REV` builds the variant's planner from the planner package at git revision REV
 (planner_replay.planner_at), so a planner change runs against its predecessor in one process:
 
@@ -84,6 +90,12 @@ class Variant:
     planner_busy: bool = False  # ... the live planner still working, its plans discarded
     plans_from: str | None = None  # ... the plans another (earlier) variant's pass recorded
     cost_table: str | None = None  # a cost-table file to start from, or "sweep" (None: cache)
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the variant's planner or drafter differs from what the engine builds."""
+        return bool(self.options or self.force_depth is not None or not self.catch_up
+                    or self.planner_at or self.floor_timed is not None)
 
 
 def parse_variant(text: str) -> Variant:
@@ -179,11 +191,24 @@ def build(variant: Variant, args, concurrency: int, longest: int):
     finally:
         planning_module.make_planner = today
         DraftLMDrafter.catches_up = True
+    if variant.tuned and variant.cost_table is None:
+        keep_tables_apart(engine)
     if variant.force_depth is not None:
         force_depth(engine, variant.force_depth, variant.label)
     if variant.floor_timed is not None and engine.planning.feedback is not None:
         engine.planning.feedback.floor_timed = variant.floor_timed
     return engine
+
+
+def keep_tables_apart(engine) -> None:
+    """Points the engine's cost-table writes at a temporary file: it has loaded the cache's
+    tables (or swept and stored them) already, and its refresh goes no further."""
+    feedback = engine.planning.feedback
+    if feedback is None or feedback.cost_store is None or not feedback.cost_store.path:
+        return
+    folder = tempfile.mkdtemp(prefix="policy_ab_costs_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    feedback.cost_store.path = os.path.join(folder, "costs.json")
 
 
 def force_depth(engine, depth: int, label: str) -> None:

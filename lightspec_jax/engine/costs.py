@@ -85,8 +85,11 @@ class CostProfile:
 # reference attention reads 32-position blocks, pallas_kernels.verify_attention.reference_block,
 # which cut its steps by up to a third: tables timed before it overprice every step; 10:
 # data-parallel replicas verify their own B / D rows, and the sweep spreads its slots over them;
-# 11: a drafter that catches up is priced without its commit at the floor buckets).
-SWEEP_VERSION = 11
+# 11: a drafter that catches up is priced without its commit at the floor buckets; 12: the
+# online refresh keeps each context column's shape, planner.CostTable.update_level - a table
+# refreshed cell by cell before it holds the shape its history drifted into, which the new
+# refresh would keep for good, so it is swept again).
+SWEEP_VERSION = 12
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],

@@ -157,7 +157,9 @@ class PlannerFeedback:
         self.refresh_costs = refresh_costs
         self.keep_confidences = keep_confidences  # the dspark policy reads them next step
         self.short_proposals = short_proposals  # the drafter may propose fewer than d tokens
-        self._store, self._profile = cost_store, cost_profile
+        # Where save() writes the refreshed tables (None: nowhere); a benchmark may point it
+        # elsewhere, so that a tuned planner's refresh stays out of the shared cache.
+        self.cost_store, self._profile = cost_store, cost_profile
         # The previous read's time and whether it waited (device intervals).
         self._last_ready: float | None = None
         self._last_waited = False
@@ -253,7 +255,7 @@ class PlannerFeedback:
 
     def save(self) -> None:
         """Keeps the stored tables current with the online refresh (an occasional write)."""
-        if self.refresh_costs and self._store:
-            self._store.save(dataclasses.replace(
+        if self.refresh_costs and self.cost_store:
+            self.cost_store.save(dataclasses.replace(
                 self._profile, target=self.planner.target_costs,
                 draft=self.planner.draft_costs, depth=self.planner.depth_costs))

@@ -67,6 +67,23 @@ def test_a_variant_starts_from_a_cost_table_file_or_a_fresh_sweep(bench, tmp_pat
             bench.parse_variant(bad)
 
 
+def test_a_tuned_variant_keeps_its_refreshed_tables_out_of_the_shared_cache(bench, tmp_path):
+    # Only the engine's own planner refreshes the cache that default engines load.
+    assert not bench.parse_variant("dynamic:7").tuned
+    assert not bench.parse_variant("r=dynamic:7,replay_plans=true").tuned
+    for text in ("a=dynamic:7,calibrate=false", "b=dynamic:7,planner_at=HEAD",
+                 "c=dynamic:7,force_depth=2", "d=dynamic:7,catch_up=false",
+                 "e=dynamic:7,floor_timed=1"):
+        assert bench.parse_variant(text).tuned, text
+    cached = tmp_path / "cache" / "key.json"
+    store = types.SimpleNamespace(path=str(cached))
+    engine = types.SimpleNamespace(planning=types.SimpleNamespace(
+        feedback=types.SimpleNamespace(cost_store=store)))
+    bench.keep_tables_apart(engine)
+    assert "policy_ab_costs_" in store.path and store.path != str(cached)
+    bench.keep_tables_apart(types.SimpleNamespace(planning=types.SimpleNamespace(feedback=None)))
+
+
 def test_cost_table_variants_serve_alike_and_leave_the_file_as_it_was(bench, capsys, tmp_path):
     # One variant starts from a table file (a copy, which takes its refresh), another from a
     # fresh sweep; both serve greedy tokens equal to the reference's.
