@@ -38,8 +38,9 @@ refreshed over many runs and one on a fresh sweep, show what the table's history
 A variant whose planner is not the engine's own (planner options, `planner_at`, `force_depth`,
 `catch_up=false`, `floor_timed`) and names no `cost_table` starts from the engine's cost cache
 but writes its refreshed tables to a temporary copy: the cache that default engines load stays
-refreshed by the default planner alone (the forty-fourth session found the shared tables
-drifted, refreshed cell by cell by variants of the old planner run beside the new).
+refreshed by the default planner alone (a variant of an older planner, or one with
+`refresh_cells=true`, would otherwise refresh the shared tables cell by cell, the drift the
+forty-third session's column refresh ended).
 
 `planner_at=REV` builds the variant's planner from the planner package at git revision REV
 (planner_replay.planner_at), so a planner change runs against its predecessor in one process:
