@@ -125,3 +125,12 @@ def test_cold_caches_write_between_calls_untimed_and_change_no_plan(tmp_path, ca
         bench.main(["replay", str(path), "--repeats", "1", "--cold-caches", "1"])
     assert done.value.code == 0
     assert "plans that differ: 0" in capsys.readouterr().out
+
+
+def test_a_revision_whose_types_differ_only_in_comments_is_replayable():
+    """--against needs the revision's planner/types.py to be today's code: comments and
+    layout may differ, a field may not."""
+    bench = _bench()
+    today = "class A:\n    x: int  # rows\n"
+    assert bench.same_code(today, "class A:\n\n    x: int  # rows, bucketed\n")
+    assert not bench.same_code(today, "class A:\n    x: int\n    y: int\n")
