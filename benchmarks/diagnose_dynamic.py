@@ -328,7 +328,7 @@ def measured_survival(recorder: Recorder, outputs: dict, max_depth: int) -> np.n
 def print_report(label: str, analysis: dict, planner, startup_table: dict,
                  true_survival: np.ndarray, profile) -> None:
     rows = analysis["rows"]
-    planned = [r for r in rows if r["reason"] in ("plan", "probe")]
+    planned = [r for r in rows if r["reason"] in ("plan", "probe", "visit")]
     print(f"\n=== {label}: {len(rows)} speculative steps "
           f"({collections.Counter(r['reason'] for r in rows)})")
     if not rows:

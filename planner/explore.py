@@ -15,7 +15,8 @@ estimated extra cost (its ms minus its tokens priced at the current best ms/toke
 most `explore_fraction` of the step time spent since the last probe, and at least
 `min_probe_interval` steps apart.
 
-A rival visit serves the whole-step calibration the same way (`_rival`).
+A rival visit serves the whole-step calibration the same way (`_rival`); one to the floor
+is a short run of floor steps.
 
 A mixin of LightSpecPlanner: it reads the planner's options, step count, calibration and
 stage 2's grid (`_stage2`) and prices by depth (`_by_depth`, which stage 2 writes).
@@ -38,6 +39,7 @@ class Exploration:
         self._last_probe_step = 0
         self._spent_since_probe = 0.0  # predicted ms of the steps planned since the last probe
         self._last_rival_step = 0
+        self._floor_visit = 0  # steps left of a visit to the floor (lightspec._visit_floor)
         self._by_depth: tuple = ((), (), [])  # stage 2's prices by depth (for _rival)
 
     def _end_probe(self) -> None:
@@ -52,9 +54,11 @@ class Exploration:
         fewer than 4 periods, the least measured (then the cheapest), at most once every
         `min_probe_interval` steps. A rival the model prices close may really be the better
         one (the model adds host time that the loop partly hides); this is how the
-        calibration gets to compare them."""
+        calibration gets to compare them. A visit to the floor lasts `floor_visit` steps
+        (lightspec._visit_floor): its first step only stops drafting."""
         window = self.options.rival_window
-        if (not self.options.calibrate or window <= 0.0 or not math.isfinite(best_j)
+        if (not (self.options.calibrate and self.refresh_costs)  # nothing would measure it
+                or window <= 0.0 or not math.isfinite(best_j)
                 or self.options.explore_fraction <= 0.0  # exploration off: no visits either
                 or self.steps - self._last_rival_step < self.options.min_probe_interval):
             return None

@@ -122,6 +122,9 @@ class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
         if not (self.has_costs and self.stats.has_progress):
             return self._make(n=n, m=m, d_prev=d_prev, fill=available,
                               depth=self._cold_depth(), reason="cold")
+        if self._floor_visit > 0 and d_prev == 0:
+            return self._visit_floor(n, m, available)
+        self._floor_visit = 0
         # A probe is verified by the first step that holds its proposal, new requests in the
         # batch or not (they verify their target row alone; the sample is the others). One
         # the engine drafted shallower is dropped rather than drafted again: waiting for a
@@ -152,6 +155,8 @@ class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
         else:
             rival = self._rival(depth, best_j)
             depth = depth if rival is None else rival
+            if rival == 0:  # this step drafts nothing; the visit's floor steps follow
+                self._floor_visit = self.options.floor_visit - 1
         if not probing and math.isfinite(step_ms):
             self._spent_since_probe += step_ms
         # A probe or a rival's visit is one step's decision, never reused.
@@ -160,6 +165,17 @@ class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
             self._decide(n, d_prev, depth, (fill, step_ms, tokens), costs)
         self._stage2 = None  # priced for this call only
         return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason=reason,
+                          predicted_ms=step_ms, predicted_tokens=tokens)
+
+    def _visit_floor(self, n: int, m: int, available: int) -> StepPlan:
+        """A step of a visit to the floor (Exploration._rival): it verifies the target rows
+        and drafts nothing again, priced as a fresh floor decision would be, so that its
+        period is a sample of the floor's calibration cell."""
+        self._floor_visit -= 1
+        fill, step_ms, tokens = self._evaluate(self._costs(n), n, available, 0)
+        if math.isfinite(step_ms):
+            self._spent_since_probe += step_ms
+        return self._make(n=n, m=m, d_prev=0, fill=fill, depth=0, reason="visit",
                           predicted_ms=step_ms, predicted_tokens=tokens)
 
     def _cold_depth(self) -> int:

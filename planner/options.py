@@ -64,6 +64,11 @@ class LightSpecOptions:
     # visit a rival depth priced within rival_window of the best so that it gets measured.
     calibrate: bool = True
     rival_window: float = 0.2
+    # A visit to the floor lasts this many steps: the first verifies the proposal in hand and
+    # drafts nothing, the others are floor steps, whose periods the calibration learns from.
+    # A one-step visit is followed by a step that leaves the floor, which for a drafter that
+    # catches up carries the commit and the catch-up, and no floor step at all.
+    floor_visit: int = 4
     # Choose the next depth with each depth's predicted drafts scaled by what the steps that
     # verified that depth really accepted against their prediction (calibration.TokenCalibration).
     calibrate_tokens: bool = True
@@ -86,6 +91,8 @@ class LightSpecOptions:
             raise ValueError(f"explore_fraction must be in [0, 1), got {self.explore_fraction}")
         if self.min_probe_interval < 1:
             raise ValueError(f"min_probe_interval must be >= 1, got {self.min_probe_interval}")
+        if self.floor_visit < 1:
+            raise ValueError(f"floor_visit must be >= 1 step, got {self.floor_visit}")
         if self.replan_every < 1:
             raise ValueError(f"replan_every must be >= 1, got {self.replan_every}")
         if not 0.0 <= self.hidden_host_share <= 1.0:

@@ -154,7 +154,7 @@ class StepPlan:
     verify_rows: int  # B: smallest compiled bucket >= u (0 for an empty step)
     draft_depth: int  # d: depth to draft after this verify
     update_stats: bool  # False for steps with no proposal to learn from (M = 0 or d_prev = 0)
-    reason: str  # "empty" | "cold" | "plan" | "probe" | "static" | "capacity"
+    reason: str  # "empty" | "cold" | "plan" | "probe" | "visit" | "static" | "capacity"
     # Rows a full-width verify of this proposal fills: N + each request's drafts, cut at its
     # remaining allowance (0: N(d_prev + 1), no ends known).
     full_rows: int = 0

@@ -52,7 +52,11 @@ from .scheduler import Scheduler, rows_needed
 # A floor step (it verifies no proposal and drafts none) teaches the planner only what steps
 # cost; one floor step in FLOOR_TIMED is a timing sample (device interval, host ms, period)
 # and the others skip the planner's bookkeeping: at math, n-gram, c = 1 - nine steps in ten
-# at the floor - feeding every one cost 0.14 ms of a 2.1 ms step.
+# at the floor - feeding every one cost 0.14 ms of a 2.1 ms step. The first FLOOR_TIMED steps
+# of each run at the floor are all samples: the planner's visits to the floor are short runs,
+# and with one step in four timed the floor was hardly measured (ShareGPT, draft LM, c = 16:
+# one floor period of 91, from a step that left the floor, at 1.2x its price; 16 of them,
+# at 0.93x, with every visit's floor steps timed).
 FLOOR_TIMED = 4
 
 
@@ -87,9 +91,11 @@ class StepPlanning:
             self.cost_profile = p = store.load_or_sweep(
                 runner, depths=depths, show_progress=config.show_progress, lockstep=lockstep)
             tables = dict(target_costs=p.target, draft_costs=p.draft, depth_costs=p.depth)
-        # A dynamic engine reuses its decisions (SERVING_REUSE: planner/options.py).
+        # A dynamic engine reuses its decisions (SERVING_REUSE: planner/options.py), and
+        # learns from measured times only where the engine feeds them.
         options = ({"depth": k} if spec.policy is Policy.STATIC else
-                   SERVING_REUSE if spec.policy is Policy.DYNAMIC else {})
+                   {**SERVING_REUSE, "refresh_costs": config.refresh_costs}
+                   if spec.policy is Policy.DYNAMIC else {})
         # The verify step keeps the drafter's cache current at every depth (a parallel
         # drafter's too: its commit writes the context; one that catches up does so before it
         # drafts again), so depth 0 (no draft step) is a choice: the no-speculation floor.
@@ -167,7 +173,7 @@ class PlannerFeedback:
         # (when, step index) of the last decode-only read-back (whole-step periods)
         self._last_read: tuple[float, int] | None = None
         self.floor_timed = FLOOR_TIMED
-        self._floor_steps = 0  # floor steps read back
+        self._floor_run = 0  # floor steps read back since the last step that was not one
         self._timed = True  # whether the step read back last is a timing sample
         self.last_conf: np.ndarray | None = None  # [N, K], a step late (dspark)
 
@@ -180,10 +186,16 @@ class PlannerFeedback:
         c, plan = columns, flight.plan
         step_ms = None
         if plan.at_floor:
-            self._timed = self._floor_steps % self.floor_timed == 0
-            self._floor_steps += 1
+            run = self._floor_run
+            self._timed = run < self.floor_timed or run % self.floor_timed == 0
+            self._floor_run += 1
         else:
-            self._timed = True
+            # A step that leaves the floor (it verifies no proposal but drafts) runs work its
+            # plan does not price - for a drafter that catches up, the commit forward and the
+            # catch-up over the floor steps' positions - so its times would price the floor's
+            # cells high: it is no sample.
+            self._timed = plan.verified_depth > 0 or plan.draft_depth == 0
+            self._floor_run = 0
         if self._timed and self.refresh_costs and not flight.prefill_rows:
             # A step with prompt chunks times them too: not a decode bucket's cost.
             step_ms = device_interval_ms(

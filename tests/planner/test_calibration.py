@@ -47,12 +47,17 @@ def test_bad_samples_are_ignored():
     assert cal.scale(8, 1, 1) == 1.0 and cal.scale(8, 0, 1) == 1.0 and cal.version == 0
 
 
-def _serve(drafting_ratio, *, calibrate: bool = True, rate: float = 0.8,
-           explore: float = 0.0, steps: int = 80) -> list[int]:
+def _serve(drafting_ratio, **kwargs) -> list[int]:
+    """The depths the planner chose (_serve_plans)."""
+    return [plan.draft_depth for plan in _serve_plans(drafting_ratio, **kwargs)]
+
+
+def _serve_plans(drafting_ratio, *, calibrate: bool = True, rate: float = 0.8,
+                 explore: float = 0.0, steps: int = 80, **options) -> list:
     """Drafting pays a little by the model (a row costs 1 ms, a draft is 80% accepted: about
     15% fewer ms per token than the floor); the loop reports periods: floor steps as
     predicted, steps after a draft `drafting_ratio` (a number, or a function of the depth)
-    times their prediction. Returns the depths the planner chose."""
+    times their prediction. Returns the plans (options: the planner's)."""
     buckets = tuple(range(1, 33))
     s = PlannerSpec(verify_buckets=buckets, draft_depths=(1, 2, 3), max_depth=3, floor=True)
     p = make_planner("dynamic", s, target_costs=CostTable({b: 4.0 + 1.0 * b for b in buckets}),
@@ -62,18 +67,18 @@ def _serve(drafting_ratio, *, calibrate: bool = True, rate: float = 0.8,
                      # the prior curve is the true one; the drafts' calibration, which
                      # one noisy step of 4 requests can tip in the near-tie of depths 2 and 3
                      # here, is tested apart (test_small_samples.py)
-                     survival_prior_accept=rate, calibrate_tokens=False)
+                     survival_prior_accept=rate, calibrate_tokens=False, **options)
     rng = np.random.default_rng(0)
     p.plan(num_requests=4)
-    depths = []
+    plans = []
     for _ in range(steps):
         plan = p.plan(num_requests=4)
-        depths.append(plan.draft_depth)
+        plans.append(plan)
         p.observe(_outcome(plan, rng, rate))
         d = plan.verified_depth
         ratio = 1.0 if d == 0 else drafting_ratio(d) if callable(drafting_ratio) else drafting_ratio
         p.observe_period(plan=plan, period_ms=plan.predicted_ms * ratio)
-    return depths
+    return plans
 
 
 def test_drafting_that_runs_over_its_price_loses_to_the_floor():
@@ -101,6 +106,26 @@ def test_a_close_rival_gets_visited_and_wins_when_it_measures_cheaper():
     assert _serve(cheap2, rate=0.95, explore=0.0, steps=200)[-1] == 3  # never visits
     depths = _serve(cheap2, rate=0.95, explore=0.02, steps=200)
     assert depths[-20:].count(2) >= 15
+
+
+@pytest.mark.parametrize("visit", [1, 4])
+def test_a_visit_to_the_floor_is_a_run_of_floor_steps(visit):
+    """The floor is a close rival of drafting by the model; a visit to it lasts `floor_visit`
+    steps: the first stops drafting, the others are floor steps (nothing verified, nothing
+    drafted) priced as the floor, whose periods are what the floor's calibration learns from.
+    Drafting 40% over its price, the visits show the floor cheaper, and the planner stays."""
+    plans = _serve_plans(1.4, explore=0.02, steps=400, floor_visit=visit)
+    depths = [plan.draft_depth for plan in plans]
+    first = depths.index(0)
+    assert depths[first:first + visit] == [0] * visit
+    visits = [plan for plan in plans if plan.reason == "visit"]
+    if visit == 1:
+        assert not visits
+    else:
+        assert plans[first + 1:first + visit] == visits[:visit - 1]
+        assert all(plan.at_floor and math.isfinite(plan.predicted_ms) for plan in visits)
+        assert plans[first + visit].reason != "visit"  # the visit ends, a fresh decision
+    assert depths[-20:].count(0) >= 15
 
 
 def test_the_grid_is_scale_at_every_cell():

@@ -4,6 +4,7 @@ tell it from its own timestamps, and refreshed cells stay in the sweep's range."
 import time
 
 import numpy as np
+import pytest
 
 from lightspec_jax import SamplingParams
 from lightspec_jax.engine.costs import device_interval_ms
@@ -127,10 +128,15 @@ def test_host_samples_come_from_decode_work_alone(target_dir, monkeypatch):
     assert not host.is_empty and host.estimate(2) < 200.0
 
 
-def test_floor_steps_feed_the_planner_one_in_floor_timed(spec_engines, monkeypatch):
+@pytest.mark.parametrize("leave_every", [None, 6])
+def test_floor_steps_feed_the_planner_one_in_floor_timed(spec_engines, monkeypatch,
+                                                         leave_every):
     """A floor step (nothing verified, nothing drafted) teaches the planner only what steps
-    cost, so one floor step in FLOOR_TIMED is a timing sample (device interval, period) and
-    the others skip the planner's bookkeeping, a share of a cheap step's host time."""
+    cost, so past the first FLOOR_TIMED floor steps of a run one in FLOOR_TIMED is a timing
+    sample (device interval, period) and the others skip the planner's bookkeeping, a share
+    of a cheap step's host time. A step that leaves the floor (`leave_every`: the planner
+    drafts on every sixth decision) is never a sample: it runs work its plan does not
+    price."""
     import dataclasses
     import math
 
@@ -141,26 +147,43 @@ def test_floor_steps_feed_the_planner_one_in_floor_timed(spec_engines, monkeypat
     planner = engine.planner
     decide = planner._next_depth
 
+    calls = iter(range(10**6))
+
     def floor_only(costs, n):
         decide(costs, n)  # stage 2 still prices its grid, which the rest of plan() reads
-        return 0, 1.0
+        leave = leave_every is not None and next(calls) % leave_every == leave_every - 1
+        return (1 if leave else 0), 1.0
     monkeypatch.setattr(planner, "_next_depth", floor_only)
     monkeypatch.setattr(planner, "options",
-                        dataclasses.replace(planner.options, explore_fraction=0.0))
-    seen = {"floor": 0, "intervals": 0, "periods": 0}
+                        dataclasses.replace(planner.options, explore_fraction=0.0,
+                                            replan_every=1, replan_limit=None))
+    seen = {"floor": 0, "intervals": 0, "periods": 0, "runs": 0, "left": 0, "exit_samples": 0}
     observe, observe_period = planner.observe, planner.observe_period
+
+    def leaves(plan):
+        return plan.verified_depth == 0 and plan.draft_depth > 0
 
     def counted_observe(obs):
         seen["intervals"] += obs.plan.at_floor and obs.step_ms is not None
+        seen["exit_samples"] += leaves(obs.plan) and obs.step_ms is not None
         return observe(obs)
 
     def counted_period(*, plan, period_ms):
         seen["periods"] += plan.at_floor
+        seen["exit_samples"] += leaves(plan)
         return observe_period(plan=plan, period_ms=period_ms)
     monkeypatch.setattr(planner, "observe", counted_observe)
     monkeypatch.setattr(planner, "observe_period", counted_period)
-    observer = lambda e: seen.__setitem__(  # noqa: E731
-        "floor", seen["floor"] + (e.record.num_requests > 0 and e.plan.at_floor))
+    last = {"floor": False}
+
+    def observer(e):
+        if not e.record.num_requests:
+            return
+        floor = e.plan.at_floor
+        seen["floor"] += floor
+        seen["runs"] += floor and not last["floor"]
+        seen["left"] += leaves(e.plan)
+        last["floor"] = floor
     engine.add_step_observer(observer)
     try:
         rng = np.random.default_rng(2)
@@ -168,6 +191,13 @@ def test_floor_steps_feed_the_planner_one_in_floor_timed(spec_engines, monkeypat
         engine.generate(prompts, SamplingParams(max_tokens=30, ignore_eos=True))
     finally:
         engine.remove_step_observer(observer)
-    assert seen["floor"] >= 25  # not vacuous: a run at the floor, timed now and then
-    assert 1 <= seen["periods"] <= math.ceil(seen["floor"] / FLOOR_TIMED)
-    assert seen["intervals"] <= math.ceil(seen["floor"] / FLOOR_TIMED)
+    # not vacuous: runs at the floor, timed now and then
+    assert seen["floor"] >= (25 if leave_every is None else 15), seen
+    bound = seen["runs"] * FLOOR_TIMED + math.ceil(seen["floor"] / FLOOR_TIMED)
+    assert 1 <= seen["periods"] <= bound and seen["intervals"] <= bound
+    if leave_every is None:  # one run: all but one floor step in FLOOR_TIMED past its start
+        assert seen["runs"] == 1 and seen["periods"] < seen["floor"] - 10
+    else:
+        assert seen["left"] >= 3  # not vacuous: it left the floor, and came back
+        assert seen["periods"] >= seen["runs"]  # a run's first steps are samples
+    assert seen["exit_samples"] == 0
