@@ -94,3 +94,27 @@ def test_spans_really_are_speculative(spec_engines, plain_engine):
     rnd = spec_engines("random_k1")
     outs = rnd.generate(prompts, params)
     assert sum(o.metrics.accepted for o in outs) <= 0.2 * sum(o.metrics.verified for o in outs)
+
+
+def test_visits_to_the_floor_stay_lossless(spec_engines, plain_engine, monkeypatch):
+    """Floor visits (a step that stops drafting, then floor steps that only record the rows
+    for the draft LM) and the steps that leave them (the drafter's catch-up, then a draft)
+    under random arrivals, stops and ends: the plain engine's tokens, request by request.
+    Every other fresh decision visits the floor here."""
+    engine = spec_engines("dynamic_k4")
+    planner = engine.planner
+    turns = iter(range(10**9))
+    monkeypatch.setattr(planner, "_rival",
+                        lambda depth, best_j: 0 if depth and next(turns) % 2 else None)
+    seen = {"visit": 0, "leave": 0}
+
+    def observer(e):
+        if e.plan is not None and e.record.num_requests:
+            seen["visit"] += e.plan.reason == "visit"
+            seen["leave"] += e.plan.verified_depth == 0 and e.plan.draft_depth > 0
+    engine.add_step_observer(observer)
+    try:
+        check_random_scenarios(engine, plain_engine, 25, "floor visits")
+    finally:
+        engine.remove_step_observer(observer)
+    assert seen["visit"] >= 10 and seen["leave"] >= 10, seen  # not vacuous
