@@ -100,12 +100,15 @@ def test_visits_to_the_floor_stay_lossless(spec_engines, plain_engine, monkeypat
     """Floor visits (a step that stops drafting, then floor steps that only record the rows
     for the draft LM) and the steps that leave them (the drafter's catch-up, then a draft)
     under random arrivals, stops and ends: the plain engine's tokens, request by request.
-    Every other fresh decision visits the floor here."""
+    Every other fresh decision visits the floor here, and the others draft: the planner's own
+    depth, or the deepest where it priced the floor best. (Whichever it prices best depends
+    on what earlier tests taught this shared engine's tables: after some, the floor.)"""
     engine = spec_engines("dynamic_k4")
     planner = engine.planner
+    deepest = planner.spec.draft_depths[-1]
     turns = iter(range(10**9))
-    monkeypatch.setattr(planner, "_rival",
-                        lambda depth, best_j: 0 if depth and next(turns) % 2 else None)
+    monkeypatch.setattr(planner, "_rival", lambda depth, best_j:
+                        0 if next(turns) % 2 else (None if depth else deepest))
     seen = {"visit": 0, "leave": 0}
 
     def observer(e):
