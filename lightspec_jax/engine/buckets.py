@@ -202,6 +202,11 @@ class BucketRegistry:
         return key in self._compiled
 
     @property
+    def defined(self) -> list[Hashable]:
+        """The keys it can run: compiled at start-up, or to compile at first use."""
+        return list(self._recipes)
+
+    @property
     def compiled(self) -> list[Hashable]:
         """The keys compiled so far."""
         return list(self._compiled)
