@@ -15,6 +15,9 @@ and turns its probes off (what the free choice costs against a fixed depth in th
 `catch_up=false` makes a drafter that catches up (the draft LM, `--drafter`) commit at every
 step instead, floor steps included (what the floor's catch-up saves). `floor_timed=N` makes one
 floor step in N a timing sample for the planner (engine.planning.FLOOR_TIMED; 1: every one).
+`admission_interval=N` (any policy) builds the variant's engine with
+`EngineConfig(admission_interval=N)`: it admits waiting requests at most once every N steps
+while others decode (what gathering admissions into fewer prompt steps is worth).
 `replay_plans=true` lets the variant's planner decide one untimed pass over the prompts, then
 serves every timed repeat with those plans replayed, the planner idle (no plan() or observe()
 work): what the planner's host time costs the loop, its decisions held fixed. Greedy serving
@@ -92,12 +95,15 @@ class Variant:
     planner_busy: bool = False  # ... the live planner still working, its plans discarded
     plans_from: str | None = None  # ... the plans another (earlier) variant's pass recorded
     cost_table: str | None = None  # a cost-table file to start from, or "sweep" (None: cache)
+    admission_interval: int = 1  # EngineConfig.admission_interval (any policy)
 
     @property
     def tuned(self) -> bool:
-        """Whether the variant's planner or drafter differs from what the engine builds."""
+        """Whether the variant's planner, drafter or admissions differ from what the engine
+        builds (an engine admitting in batches teaches its planner other periods)."""
         return bool(self.options or self.force_depth is not None or not self.catch_up
-                    or self.planner_at or self.floor_timed is not None)
+                    or self.planner_at or self.floor_timed is not None
+                    or self.admission_interval != 1)
 
 
 def parse_variant(text: str) -> Variant:
@@ -111,7 +117,7 @@ def parse_variant(text: str) -> Variant:
     name, k = parse_policy(policy)
     if name != "none" and k is None:
         k = 7
-    options, force, catch_up, revision, timed = {}, None, True, None, None
+    options, force, catch_up, revision, timed, admission = {}, None, True, None, None, 1
     replay = busy = False
     source = table = None
     for item in rest:
@@ -149,6 +155,11 @@ def parse_variant(text: str) -> Variant:
             timed = int(parsed)
             if timed < 1:
                 raise argparse.ArgumentTypeError(f"variant {text!r}: floor_timed must be >= 1")
+        elif key == "admission_interval":
+            admission = int(parsed)
+            if admission < 1:
+                raise argparse.ArgumentTypeError(f"variant {text!r}: admission_interval must "
+                                                 "be >= 1")
         else:
             options[key] = parsed
     if (busy or source) and not replay:
@@ -162,7 +173,7 @@ def parse_variant(text: str) -> Variant:
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,
                    force_depth=force, catch_up=catch_up, planner_at=revision,
                    floor_timed=timed, replay_plans=replay, planner_busy=busy,
-                   plans_from=source, cost_table=table)
+                   plans_from=source, cost_table=table, admission_interval=admission)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
@@ -187,7 +198,8 @@ def build(variant: Variant, args, concurrency: int, longest: int):
     try:
         engine = build_engine(args, policy=variant.policy, depth=variant.depth,
                               concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,
-                              longest_prompt=longest, **tables)
+                              longest_prompt=longest,
+                              admission_interval=variant.admission_interval, **tables)
     finally:
         planning_module.make_planner = today
         DraftLMDrafter.catches_up = True

@@ -48,10 +48,14 @@ def test_variants_parse_labels_options_and_a_forced_depth(bench):
     assert not bench.parse_variant("dynamic:7").replay_plans
     assert bench.parse_variant("b=dynamic:7,replay_plans=true,planner_busy=true").planner_busy
     assert bench.parse_variant("s=dynamic:7,replay_plans=true,plans_from=r").plans_from == "r"
+    assert bench.parse_variant("dynamic:7").admission_interval == 1
+    for text in ("a=none,admission_interval=4", "b=static:2,admission_interval=4"):
+        assert bench.parse_variant(text).admission_interval == 4, text  # any policy
     for bad in ("static:3,calibrate=false", "dynamic:7,calibrate", "dynamic:7,x=abc",
                 "dynamc:7", "static:3,catch_up=false", "dynamic:7,floor_timed=0",
                 "static:3,floor_timed=2", "static:3,replay_plans=true",
-                "dynamic:7,planner_busy=true", "dynamic:7,plans_from=r"):
+                "dynamic:7,planner_busy=true", "dynamic:7,plans_from=r",
+                "none,admission_interval=0"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_variant(bad)
 
@@ -73,7 +77,7 @@ def test_a_tuned_variant_keeps_its_refreshed_tables_out_of_the_shared_cache(benc
     assert not bench.parse_variant("r=dynamic:7,replay_plans=true").tuned
     for text in ("a=dynamic:7,calibrate=false", "b=dynamic:7,planner_at=HEAD",
                  "c=dynamic:7,force_depth=2", "d=dynamic:7,catch_up=false",
-                 "e=dynamic:7,floor_timed=1"):
+                 "e=dynamic:7,floor_timed=1", "f=dynamic:7,admission_interval=4"):
         assert bench.parse_variant(text).tuned, text
     cached = tmp_path / "cache" / "key.json"
     store = types.SimpleNamespace(path=str(cached))
@@ -84,19 +88,27 @@ def test_a_tuned_variant_keeps_its_refreshed_tables_out_of_the_shared_cache(benc
     bench.keep_tables_apart(types.SimpleNamespace(planning=types.SimpleNamespace(feedback=None)))
 
 
-def test_cost_table_variants_serve_alike_and_leave_the_file_as_it_was(bench, capsys, tmp_path):
+def test_cost_table_variants_serve_alike_and_leave_the_file_as_it_was(bench, capsys, tmp_path,
+                                                                       monkeypatch):
     # One variant starts from a table file (a copy, which takes its refresh), another from a
-    # fresh sweep; both serve greedy tokens equal to the reference's.
+    # fresh sweep; both serve greedy tokens equal to the reference's, as does one that admits
+    # requests once every 3 steps.
     from lightspec_jax.planner import CostTable
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"target": CostTable({2: 1.0, 4: 1.2, 8: 1.6}).to_json(),
                                 "draft": CostTable({2: 0.1, 4: 0.1, 8: 0.1}).to_json()}))
     before = path.read_bytes()
+    built, build = {}, bench.build
+    monkeypatch.setattr(bench, "build", lambda variant, *a, **k: built.setdefault(
+        variant.label, build(variant, *a, **k)))
     code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
                        "--max-tokens", "6", "--repeats", "1", "static:2",
-                       f"old=dynamic:3,cost_table={path}", "fresh=dynamic:3,cost_table=sweep"])
+                       f"old=dynamic:3,cost_table={path}", "fresh=dynamic:3,cost_table=sweep",
+                       "a3=static:2,admission_interval=3"])
     out = capsys.readouterr().out
     assert code == 0, out
+    assert built["a3"].scheduler.admission_interval == 3
+    assert built["static:2"].scheduler.admission_interval == 1
     assert "every variant's output equals static:2's" in out
     assert path.read_bytes() == before
     loaded = [line for line in out.splitlines() if "cost tables from" in line]
