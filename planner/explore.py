@@ -42,6 +42,11 @@ class Exploration:
         self._floor_visit = 0  # steps left of a visit to the floor (lightspec._visit_floor)
         self._by_depth: tuple = ((), (), [])  # stage 2's prices by depth (for _rival)
 
+    def _spend(self, step_ms: float) -> None:
+        """A planned step (not a probe) adds its predicted ms to the next probe's budget."""
+        if math.isfinite(step_ms):
+            self._spent_since_probe += step_ms
+
     def _end_probe(self) -> None:
         """The pending probe is verified or dropped: the next one is budgeted from here."""
         self._probe_depth = 0

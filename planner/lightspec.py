@@ -137,8 +137,7 @@ class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
         reused = None if probing or self._probe_depth else self._reuse(n, d_prev, available)
         if reused is not None:
             fill, step_ms, tokens, depth = reused
-            if math.isfinite(step_ms):
-                self._spent_since_probe += step_ms
+            self._spend(step_ms)
             return self._make(n=n, m=m, d_prev=d_prev, fill=fill, depth=depth, reason="plan",
                               predicted_ms=step_ms, predicted_tokens=tokens)
         costs = self._costs(n)
@@ -157,8 +156,8 @@ class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
             depth = depth if rival is None else rival
             if rival == 0:  # this step drafts nothing; the visit's floor steps follow
                 self._floor_visit = self.options.floor_visit - 1
-        if not probing and math.isfinite(step_ms):
-            self._spent_since_probe += step_ms
+        if not probing:
+            self._spend(step_ms)
         # A probe or a rival's visit is one step's decision, never reused.
         self._decided = None
         if not (probing or self._probe_depth or rival is not None):
@@ -173,8 +172,7 @@ class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
         period is a sample of the floor's calibration cell."""
         self._floor_visit -= 1
         fill, step_ms, tokens = self._evaluate(self._costs(n), n, available, 0)
-        if math.isfinite(step_ms):
-            self._spent_since_probe += step_ms
+        self._spend(step_ms)
         return self._make(n=n, m=m, d_prev=0, fill=fill, depth=0, reason="visit",
                           predicted_ms=step_ms, predicted_tokens=tokens)
 
