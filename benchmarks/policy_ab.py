@@ -59,7 +59,9 @@ concurrency decoding), `tail` (decode only, fewer) - with tokens per ms in each,
 of decode steps that verified fewer rows than their proposal's full width (`trimmed`). With
 `--periods` it also fits, per kind of step, the loop's period between read-backs against the
 prompt rows, verify rows and draft rows in it (least squares): what a verify row costs the loop
-beside a prompt chunk and without one.
+beside a prompt chunk and without one; and the full decode steps' periods by the plan that ran
+them (the depth drafted before, verified, drafted), "floor" for steps inside a run at the
+floor - what a floor step costs a dynamic engine beside a forced floor's or plain decoding's.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ import types
 import numpy as np
 
 from replayed_plans import ReplayedPlans, replay_plans  # noqa: F401 (benchmarks/)
-from step_kinds import period_fit, summarize  # benchmarks/: the script's own folder
+from step_kinds import period_fit, plan_periods, summarize  # benchmarks/: the script's own folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         print(" " * 13 + "  ".join(f"{k}: {n} steps {ms:.0f} ms {t} tok ({t / ms:.2f}/ms)"
                                    for k, (n, ms, t) in sorted(s["kinds"].items()) if ms > 0))
         if args.periods:
-            for line in period_fit(repeats):
+            for line in period_fit(repeats) + plan_periods(repeats, c)[:8]:
                 print(" " * 13 + line)
     astray = {label: runs[label][3].mismatches for label in labels
               if runs[label][3] is not None and runs[label][3].mismatches}

@@ -1,6 +1,7 @@
 """What a policy_ab variant's steps cost, from the step records it observed: wall time,
 tokens and steps by kind of step, host and planner ms, the depths drafted, and a least-squares
-fit of the loop's period on the rows of each step (policy_ab.py --periods).
+fit of the loop's period on the rows of each step, and the full decode steps' periods by the
+plan they ran (policy_ab.py --periods).
 
 A step's record: (read time s, StepRecord, StepPlan) of each step read back, per repeat.
 """
@@ -58,4 +59,27 @@ def period_fit(repeats: list[list]) -> list[str]:
         out.append(f"{kind}: {len(x)} steps, period ms = {coef[0]:.2f} + {coef[1]:.4f} x prompt"
                    f" rows + {coef[2]:.4f} x verify rows + {coef[3]:.4f} x draft rows "
                    f"(R^2 {r2:.2f}; mean {x[:, 0].mean():.1f} ms)")
+    return out
+
+
+def plan_periods(repeats: list[list], concurrency: int) -> list[str]:
+    """The loop's period of each full decode step (decode only, at least 3/4 of the
+    concurrency decoding, after a decode-only read-back) by what ran in it: the depth the
+    previous step drafted, the depth this one verified and the depth it drafts ("floor" when
+    all three are 0, what a floor step costs inside a run at the floor). Per cell: steps,
+    mean and median period, tokens per ms."""
+    cells = collections.defaultdict(list)  # (drafted, verified, drafts) -> [(ms, tokens)]
+    for steps in repeats:
+        for (before, previous, last), (when, record, plan) in zip(steps, steps[1:]):
+            if (plan is None or last is None or record.prefill_rows or previous.prefill_rows
+                    or record.num_requests < 0.75 * concurrency):
+                continue
+            cell = (last.draft_depth, plan.verified_depth, plan.draft_depth)
+            cells[cell].append((1e3 * (when - before), record.emitted))
+    out = []
+    for cell, xs in sorted(cells.items(), key=lambda kv: -len(kv[1])):
+        ms, tokens = np.array(xs, float).T
+        name = "floor" if cell == (0, 0, 0) else "drafted {} verified {} drafts {}".format(*cell)
+        out.append(f"{name}: {len(xs)} steps, period {ms.mean():.2f} ms (median "
+                   f"{np.median(ms):.2f}), {tokens.sum() / ms.sum():.2f} tok/ms")
     return out

@@ -156,6 +156,27 @@ def test_step_time_is_split_by_kind_and_the_period_fit_recovers_its_costs(bench)
     assert "0.1000 x prompt rows" in prefill and "0.3000 x verify rows" in prefill
 
 
+def test_full_steps_are_timed_by_the_plan_that_ran_them(bench):
+    """plan_periods: each full decode-only step's period under (depth drafted before it,
+    depth verified, depth drafted), "floor" when all are 0; steps with a prompt chunk, after
+    one, or with under 3/4 of the concurrency decoding are left out."""
+    t, steps = 0.0, []
+    # (period ms, prompt rows, requests, depth verified, depth drafted, tokens emitted)
+    script = ([(9.0, 0, 4, 0, 0, 4)] * 5 + [(12.0, 0, 4, 0, 2, 4)] + [(20.0, 0, 4, 2, 2, 10)] * 3
+              + [(30.0, 64, 4, 2, 2, 10), (25.0, 0, 4, 2, 2, 10), (7.0, 0, 2, 2, 0, 5)])
+    for period, prompt, n, verified, drafts, emitted in script:
+        t += period / 1e3
+        record = types.SimpleNamespace(prefill_rows=prompt, num_requests=n, emitted=emitted)
+        plan = types.SimpleNamespace(verified_depth=verified, draft_depth=drafts)
+        steps.append((t, record, plan))
+    # The first step starts the clock; the step with a prompt chunk, the one after it and the
+    # tail step (2 of 4 decoding) are no samples. Cells come most-sampled first.
+    assert bench.plan_periods([steps], concurrency=4) == [
+        "floor: 4 steps, period 9.00 ms (median 9.00), 0.44 tok/ms",
+        "drafted 2 verified 2 drafts 2: 3 steps, period 20.00 ms (median 20.00), 0.50 tok/ms",
+        "drafted 0 verified 0 drafts 2: 1 steps, period 12.00 ms (median 12.00), 0.33 tok/ms"]
+
+
 def test_planner_variants_agree_token_for_token(bench, capsys):
     code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
                        "--max-tokens", "6", "--repeats", "2", "static:2",
