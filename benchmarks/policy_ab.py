@@ -18,6 +18,8 @@ floor step in N a timing sample for the planner (engine.planning.FLOOR_TIMED; 1:
 `admission_interval=N` (any policy) builds the variant's engine with
 `EngineConfig(admission_interval=N)`: it admits waiting requests at most once every N steps
 while others decode (what gathering admissions into fewer prompt steps is worth).
+`prefill=pow2` (any policy) compiles the variant's prompt chunks at powers of two alone, the
+benchmark's rule before the midpoints (bench/serve.prefill_buckets) were added.
 `replay_plans=true` lets the variant's planner decide one untimed pass over the prompts, then
 serves every timed repeat with those plans replayed, the planner idle (no plan() or observe()
 work): what the planner's host time costs the loop, its decisions held fixed. Greedy serving
@@ -98,6 +100,7 @@ class Variant:
     plans_from: str | None = None  # ... the plans another (earlier) variant's pass recorded
     cost_table: str | None = None  # a cost-table file to start from, or "sweep" (None: cache)
     admission_interval: int = 1  # EngineConfig.admission_interval (any policy)
+    prefill: str = "midpoints"  # prompt-chunk buckets: the benchmark's, or "pow2" (any policy)
 
     @property
     def tuned(self) -> bool:
@@ -122,6 +125,7 @@ def parse_variant(text: str) -> Variant:
     options, force, catch_up, revision, timed, admission = {}, None, True, None, None, 1
     replay = busy = False
     source = table = None
+    prefill = "midpoints"
     for item in rest:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -132,6 +136,12 @@ def parse_variant(text: str) -> Variant:
             continue
         if key == "plans_from":  # a label, as written
             source = value
+            continue
+        if key == "prefill":
+            if value not in ("midpoints", "pow2"):
+                raise argparse.ArgumentTypeError(f"variant {text!r}: prefill is midpoints or "
+                                                 f"pow2, got {value!r}")
+            prefill = value
             continue
         if key == "cost_table":  # a path or "sweep", as written
             if value != "sweep" and not os.path.isfile(value):
@@ -175,12 +185,13 @@ def parse_variant(text: str) -> Variant:
     return Variant(label=label or text, policy=name, depth=k or 0, options=options,
                    force_depth=force, catch_up=catch_up, planner_at=revision,
                    floor_timed=timed, replay_plans=replay, planner_busy=busy,
-                   plans_from=source, cost_table=table, admission_interval=admission)
+                   plans_from=source, cost_table=table, admission_interval=admission,
+                   prefill=prefill)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
     import lightspec_jax.engine.planning as planning_module
-    from lightspec_jax.bench.serve import build_engine
+    from lightspec_jax.bench.serve import build_engine, prefill_buckets
     from lightspec_jax.drafters import DraftLMDrafter
 
     make = today = planning_module.make_planner
@@ -190,18 +201,21 @@ def build(variant: Variant, args, concurrency: int, longest: int):
         make = make_planner_at(variant.planner_at)
     planning_module.make_planner = lambda *a, **kw: make(*a, **{**kw, **variant.options})
     DraftLMDrafter.catches_up = variant.catch_up  # read once, when the runner is built
-    tables = {}
+    config = {}  # EngineConfig fields beside the benchmark's
     if variant.cost_table is not None:
         # A copy of its own: the engine writes its refreshed tables back to it.
         path = _private_table_path()
         if variant.cost_table != "sweep":
             shutil.copyfile(variant.cost_table, path)
-        tables = {"cost_table_path": path}
+        config["cost_table_path"] = path
+    if variant.prefill == "pow2":  # the benchmark's buckets less their midpoints
+        rows = prefill_buckets(concurrency, longest)
+        config["row_buckets"] = tuple(b for b in rows if b & (b - 1) == 0 or b == rows[-1])
     try:
         engine = build_engine(args, policy=variant.policy, depth=variant.depth,
                               concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,
                               longest_prompt=longest,
-                              admission_interval=variant.admission_interval, **tables)
+                              admission_interval=variant.admission_interval, **config)
     finally:
         planning_module.make_planner = today
         DraftLMDrafter.catches_up = True

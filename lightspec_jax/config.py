@@ -111,7 +111,8 @@ class EngineConfig:
     # whatever its size, so fewer, larger ones cost less, for slots left idle up to
     # admission_interval - 1 steps. With nothing decoding, requests are admitted at once.
     admission_interval: int = 1
-    # Compiled row-count buckets; None = powers of two from 8 up to max_num_batched_tokens.
+    # Compiled prefill row-count buckets; None = powers of two from 8 and their midpoints (8,
+    # 12, 16, 24, ...) up to max_num_batched_tokens (engine/buckets.midpoint_buckets).
     row_buckets: tuple[int, ...] | None = None
     speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
     # Compiled verify-row buckets of the speculative step; None = powers of two and their
@@ -281,9 +282,9 @@ class EngineConfig:
         """The compiled row counts of the plain (prefill + decode) step."""
         if self.row_buckets is not None:
             return self.row_buckets
-        from .engine.buckets import powers_of_two
+        from .engine.buckets import midpoint_buckets
 
-        return powers_of_two(self.max_num_batched_tokens, start=8)
+        return midpoint_buckets(self.max_num_batched_tokens, start=8)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

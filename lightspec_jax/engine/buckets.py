@@ -54,13 +54,24 @@ def powers_of_two(top: int, *, start: int = 1, base: int = 2) -> tuple[int, ...]
     return tuple(sorted(out))
 
 
-def verify_buckets(max_rows: int) -> tuple[int, ...]:
-    """Powers of two and their midpoints (1, 2, 3, 4, 6, 8, 12, ...) up to max_rows, inclusive."""
-    out, b = {max_rows}, 1
-    while b < max_rows:
-        out.update(x for x in (b, b + b // 2) if x < max_rows)
+def midpoint_buckets(top: int, *, start: int = 1) -> tuple[int, ...]:
+    """start, 1.5 start, 2 start, 3 start, 4 start, ... below `top`, and `top` itself: powers
+    of two from `start` and their midpoints, so padding a row count to its bucket wastes at
+    most a third of the bucket (half with powers of two alone). Verify rows, and prefill rows
+    by default: a lone prompt or two admitted beside decoding requests - every prompt at c = 1,
+    most at c = 16 once requests end on different steps - pads to its bucket, and with
+    powers of two alone that padding cost the tiny pair 2-5% of its throughput (BENCHMARKS.md,
+    "Forty-seventh session: prefill buckets at the midpoints")."""
+    out, b = {top}, start
+    while b < top:
+        out.update(x for x in (b, b + b // 2) if x < top)
         b *= 2
     return tuple(sorted(out))
+
+
+def verify_buckets(max_rows: int) -> tuple[int, ...]:
+    """Powers of two and their midpoints (1, 2, 3, 4, 6, 8, 12, ...) up to max_rows, inclusive."""
+    return midpoint_buckets(max_rows)
 
 
 def concurrency_buckets(concurrency: int, depth: int) -> tuple[int, ...]:

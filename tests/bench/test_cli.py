@@ -235,11 +235,13 @@ def test_versions_and_assets():
 
 
 def test_prefill_buckets():
-    assert prefill_buckets(1, 40) == (32, 64)  # one prompt: powers of two from 32
+    # one prompt: powers of two from 32 and their midpoints
+    assert prefill_buckets(1, 40) == (32, 48, 64)
     assert prefill_buckets(1, 20) == (32,)
-    assert prefill_buckets(64, 40) == (32, 64, 128, 256)  # a wave, capped at 256
-    assert prefill_buckets(300, 10) == (16, 32, 64, 128, 256, 300)  # never below the
-    # concurrency; a short prompt's own bucket
+    # a wave, capped at 256
+    assert prefill_buckets(64, 40) == (32, 48, 64, 96, 128, 192, 256)
+    # never below the concurrency; a short prompt's own bucket
+    assert prefill_buckets(300, 10) == (16, 24, 32, 48, 64, 96, 128, 192, 256, 300)
 
 
 def test_ranking_pairs_only_runs_of_one_round():

@@ -51,11 +51,14 @@ def test_variants_parse_labels_options_and_a_forced_depth(bench):
     assert bench.parse_variant("dynamic:7").admission_interval == 1
     for text in ("a=none,admission_interval=4", "b=static:2,admission_interval=4"):
         assert bench.parse_variant(text).admission_interval == 4, text  # any policy
+    assert bench.parse_variant("dynamic:7").prefill == "midpoints"
+    assert bench.parse_variant("p=none,prefill=pow2").prefill == "pow2"  # any policy
+    assert not bench.parse_variant("p=dynamic:7,prefill=pow2").tuned  # its planner's own
     for bad in ("static:3,calibrate=false", "dynamic:7,calibrate", "dynamic:7,x=abc",
                 "dynamc:7", "static:3,catch_up=false", "dynamic:7,floor_timed=0",
                 "static:3,floor_timed=2", "static:3,replay_plans=true",
                 "dynamic:7,planner_busy=true", "dynamic:7,plans_from=r",
-                "none,admission_interval=0"):
+                "none,admission_interval=0", "none,prefill=pow3"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.parse_variant(bad)
 
@@ -92,7 +95,7 @@ def test_cost_table_variants_serve_alike_and_leave_the_file_as_it_was(bench, cap
                                                                        monkeypatch):
     # One variant starts from a table file (a copy, which takes its refresh), another from a
     # fresh sweep; both serve greedy tokens equal to the reference's, as does one that admits
-    # requests once every 3 steps.
+    # requests once every 3 steps with prompt chunks at powers of two alone.
     from lightspec_jax.planner import CostTable
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"target": CostTable({2: 1.0, 4: 1.2, 8: 1.6}).to_json(),
@@ -104,11 +107,15 @@ def test_cost_table_variants_serve_alike_and_leave_the_file_as_it_was(bench, cap
     code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
                        "--max-tokens", "6", "--repeats", "1", "static:2",
                        f"old=dynamic:3,cost_table={path}", "fresh=dynamic:3,cost_table=sweep",
-                       "a3=static:2,admission_interval=3"])
+                       "a3=static:2,admission_interval=3,prefill=pow2"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert built["a3"].scheduler.admission_interval == 3
     assert built["static:2"].scheduler.admission_interval == 1
+    rows = built["static:2"].runner.prefill_registry.sizes  # the benchmark's: with midpoints
+    assert any(b & (b - 1) for b in rows[:-1]), rows
+    assert built["a3"].runner.prefill_registry.sizes == tuple(
+        b for b in rows if b & (b - 1) == 0 or b == rows[-1])
     assert "every variant's output equals static:2's" in out
     assert path.read_bytes() == before
     loaded = [line for line in out.splitlines() if "cost tables from" in line]

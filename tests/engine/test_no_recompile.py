@@ -35,7 +35,7 @@ def test_long_mixed_run_compiles_nothing(engine):
         step, next_id = 0, 0
         while step < 120 or engine.has_unfinished_requests():
             if step < 120 and rng.random() < 0.4:
-                n = int(rng.choice([1, 3, 9, 20, 45]))
+                n = int(rng.choice([1, 3, 9, 14, 20, 45]))
                 params = SamplingParams(max_tokens=int(rng.integers(1, 20)),
                                         temperature=float(rng.choice([0.0, 0.8])),
                                         top_k=int(rng.choice([0, 5])), ignore_eos=True)
