@@ -79,7 +79,7 @@ def prefill_buckets(concurrency: int, longest_prompt: int) -> tuple[int, ...]:
     for the longest prompt when that fits). Every bucket is compiled at start-up, so this is
     fewer than the engine's default (from 8 rows); one bucket per wave instead would make a
     27-token prompt pay for 256 rows (ShareGPT at c=1: 18% of static K=3's throughput, 6% of
-    plain decoding's), and powers of two alone cost 2-5% (engine/buckets.midpoint_buckets)."""
+    plain decoding's), and powers of two alone about 2% (engine/buckets.midpoint_buckets)."""
     from lightspec_jax.engine.buckets import midpoint_buckets  # imports jax: not at CLI start
 
     def pow2(n: int) -> int:

@@ -60,8 +60,8 @@ def midpoint_buckets(top: int, *, start: int = 1) -> tuple[int, ...]:
     most a third of the bucket (half with powers of two alone). Verify rows, and prefill rows
     by default: a lone prompt or two admitted beside decoding requests - every prompt at c = 1,
     most at c = 16 once requests end on different steps - pads to its bucket, and with
-    powers of two alone that padding cost the tiny pair 2-5% of its throughput (BENCHMARKS.md,
-    "Forty-seventh session: prefill buckets at the midpoints")."""
+    powers of two alone that padding cost the tiny pair about 2% of its throughput (-3% to
+    +5% by cell; BENCHMARKS.md, "Forty-seventh session: prefill buckets at the midpoints")."""
     out, b = {top}, start
     while b < top:
         out.update(x for x in (b, b + b // 2) if x < top)
