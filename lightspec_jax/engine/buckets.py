@@ -69,16 +69,11 @@ def midpoint_buckets(top: int, *, start: int = 1) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def verify_buckets(max_rows: int) -> tuple[int, ...]:
-    """Powers of two and their midpoints (1, 2, 3, 4, 6, 8, 12, ...) up to max_rows, inclusive."""
-    return midpoint_buckets(max_rows)
-
-
 def concurrency_buckets(concurrency: int, depth: int) -> tuple[int, ...]:
     """Verify buckets for `concurrency` slots up to full width:
     c x (1/4, 1/2, 1, 1.5, 2, 3, 4, 6, 8, 12) and c (K + 1).
 
-    Fewer buckets than `verify_buckets` when the concurrency is known. The two below one row
+    Fewer buckets than `midpoint_buckets` when the concurrency is known. The two below one row
     per request serve the steps with fewer requests in flight - while requests are admitted
     and prefilled, and as the last ones drain - which would otherwise pay for c rows."""
     top = concurrency * (depth + 1)

@@ -14,7 +14,7 @@ import jax
 
 from ..config import EngineConfig, Policy
 from ..drafters import Drafter, NgramDrafter
-from .buckets import powers_of_two, verify_buckets
+from .buckets import midpoint_buckets, powers_of_two
 from .sharding import MeshLayout, engine_mesh
 
 
@@ -55,7 +55,7 @@ def engine_shapes(config: EngineConfig, model, drafter: Drafter | None) -> Engin
     n = config.max_num_seqs
     k = spec.num_speculative_tokens if speculative else 0
     if speculative:
-        decode_buckets = config.verify_buckets or verify_buckets(n * (k + 1))
+        decode_buckets = config.verify_buckets or midpoint_buckets(n * (k + 1))
         if decode_buckets[-1] < n * (k + 1):
             raise ValueError(f"verify_buckets must reach max_num_seqs * (K + 1) = "
                              f"{n * (k + 1)}, got {decode_buckets}")
