@@ -12,8 +12,7 @@ whole (`update_level`), keeping the profile's shape across keys; `update` moves 
   per doubling). An estimate interpolates linearly between the two columns around the context
   and is flat outside the measured range. A cell that was never measured in a column is imputed
   from the nearest column that has it, shifted by the median difference between the two columns
-  on rows measured in both — attention adds a roughly row-independent cost per context, so the
-  shift learned on the buckets in use carries over to the others.
+  on rows measured in both (impute.py).
 """
 
 from __future__ import annotations
@@ -22,10 +21,11 @@ import bisect
 import json
 import math
 import os
-import statistics
 from collections.abc import Iterable, Mapping
 
 import numpy as np
+
+from .impute import donor_order, impute_column
 
 _FORMAT = "lightspec-cost-table"
 _GRID_PER_DOUBLING = 4
@@ -39,10 +39,6 @@ def snap_context(context_len: float) -> int:
         return 0
     k = max(0, round(_GRID_PER_DOUBLING * math.log2(context_len)))
     return int(round(2.0 ** (k / _GRID_PER_DOUBLING)))
-
-
-def _log_distance(a: int, b: int) -> float:
-    return abs(math.log2(a + 1) - math.log2(b + 1))
 
 
 class CostTable:
@@ -367,58 +363,14 @@ class CostTable:
         return self._vector(column)[bisect.bisect_left(self._row_keys, key)]
 
     def _vector(self, column: int | None) -> list[float]:
-        """A column over every row key, unmeasured cells imputed (cached until an update).
-
-        An unmeasured cell takes its value from the nearest column (in log context) that holds
-        the row and shares measured rows with this one, shifted by the median difference of the
-        two columns over those rows; with no such column, the nearest holder's value as is.
-        Attention adds a roughly row-independent cost per context, so the shift learned on the
-        buckets in use carries over to the others."""
+        """A column over every row key, unmeasured cells imputed (impute.py; cached until an
+        update)."""
         vec = self._cache.get(column)
-        if vec is not None:
-            return vec
-        here = self._cells[column]
-        remaining = {k for k in self._row_keys if k not in here}
-        imputed: dict[int, float] = {}
-        fallback: dict[int, float] = {}  # nearest holder's own value
-        if remaining:
-            for donor in self._donor_order(column):
-                there = self._cells[donor]
-                holds = remaining.intersection(there)
-                if not holds:
-                    continue
-                for k in holds:
-                    fallback.setdefault(k, there[k][0])
-                shared = [r for r in here if r in there]
-                if shared:
-                    # statistics.median: the same value as np.median, faster on short lists
-                    if self.impute == "scale":
-                        ratio = float(statistics.median([here[r][0] / there[r][0]
-                                                         for r in shared]))
-                        for k in holds:
-                            imputed[k] = there[k][0] * ratio
-                    else:
-                        shift = float(statistics.median([here[r][0] - there[r][0]
-                                                         for r in shared]))
-                        ratio = None
-                        for k in holds:
-                            if there[k][0] + shift > 0.0:
-                                imputed[k] = there[k][0] + shift
-                                continue
-                            # A shift larger than the donor's own cost: the additive model
-                            # fails here, so scale instead (a cell near zero would draw the
-                            # whole of a refreshed step time's split away from it for good).
-                            if ratio is None:
-                                ratio = float(statistics.median([here[r][0] / there[r][0]
-                                                                 for r in shared]))
-                            imputed[k] = there[k][0] * ratio
-                    remaining.difference_update(holds)
-                    if not remaining:
-                        break
-        values = [here[k][0] if k in here else imputed.get(k, fallback.get(k, math.nan))
-                  for k in self._row_keys]
-        self._cache[column] = values
-        return values
+        if vec is None:
+            vec = impute_column(self._cells, column, self._row_keys,
+                                self._donor_order(column), self.impute)
+            self._cache[column] = vec
+        return vec
 
     def _column_counts(self, column: int | None) -> list[int]:
         """Each row key's samples in `column`, then 0 (beyond the largest key): [keys + 1]
@@ -434,8 +386,7 @@ class CostTable:
         """Every other column, nearest (in log context) first; ties keep insertion order."""
         order = self._donor_cache.get(column)
         if order is None or len(order) != len(self._cells) - 1:
-            order = sorted((c for c in self._cells if c != column),
-                           key=lambda c: _log_distance(c, column))
+            order = donor_order(self._cells, column)
             self._donor_cache[column] = order
         return order
 
