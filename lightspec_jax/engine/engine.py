@@ -16,59 +16,25 @@ Step i+1 is dispatched before step i is read (`overlap`), so host work hides beh
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from typing import Callable, Sequence
 
-import jax
 import numpy as np
-
-from lightspec_jax.planner import StepPlan
 
 from ..config import BATCH_INVARIANT_ROW_TILE, EngineConfig, Policy, SamplingParams
 from ..drafters import Drafter
 from ..metrics import EngineStats, StepRecord
 from ..request import Request, RequestError, RequestOutput
 from ..tokenizer import Tokenizer
+from .flight import InFlight, StepEvent
 from .intake import make_request
 from .buckets import CompileWatch, lazy_compile_events
 from .multihost import Lockstep
 from .planning import StepPlanning
 from .runner import ModelRunner
 from .scheduler import Scheduler
-from .shapes import engine_shapes
+from .shapes import announce, engine_shapes
 from .verifier import verifier_for
-
-log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class StepEvent:
-    """What a step observer receives once a step has been read back."""
-
-    record: StepRecord
-    plan: StepPlan | None  # the decode step's plan (None: prefill only)
-    readback: np.ndarray | None  # [N, K+1+5] per-slot results, columns `columns`
-    columns: object  # batch.Readback
-
-
-@dataclasses.dataclass
-class _InFlight:
-    """A dispatched engine step whose results have not been read yet."""
-
-    owners: list  # slot -> request at dispatch
-    completing: list  # requests whose first token the prefill samples, in sample order
-    first_tokens: object  # device [C] or None
-    first_index: np.ndarray | None  # where each completing request's token is in first_tokens
-    readback: object  # device [N, K+1+5] or None
-    confidence: object  # device [N, K] or None
-    plan: StepPlan | None
-    with_proposal: np.ndarray  # [N] bool: slots a draft run gave a proposal, at dispatch
-    prefill_rows: int
-    prefill_ms: float  # host ms the step spent dispatching its slot writes and prompt chunks
-    context_len: int
-    busy_at_enqueue: bool
-    dispatched_at: float
 
 
 class Engine:
@@ -97,14 +63,13 @@ class Engine:
                                     max_depth=k)
         self.verifier = verifier
         self.mesh, layout = shapes.mesh, shapes.layout
-        prefill_buckets = shapes.prefill_buckets
-        self.decode_buckets = decode_buckets = shapes.decode_buckets
+        self.decode_buckets = shapes.decode_buckets
         # Over several processes, process 0 decides what follows measured times (multihost.py).
         lockstep = Lockstep() if layout is not None and layout.spans_processes else None
         start = time.perf_counter()
         self.runner = ModelRunner(model, drafter, num_slots=n, cache_len=shapes.cache_len,
-                                  max_depth=k, prefill_buckets=prefill_buckets,
-                                  decode_buckets=decode_buckets,
+                                  max_depth=k, prefill_buckets=shapes.prefill_buckets,
+                                  decode_buckets=shapes.decode_buckets,
                                   draft_depths=depths, verifier=verifier,
                                   show_progress=config.show_progress, layout=layout,
                                   precompile_sampling=config.precompile_sampling,
@@ -114,26 +79,8 @@ class Engine:
                                   # the floor (depth 0) is a dynamic planner's choice alone
                                   defer_commit=spec.policy is Policy.DYNAMIC)
         self.compile_seconds = time.perf_counter() - start
-        if verifier.name:
-            log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "
-                        "exact-matched; outputs are not the target's, only costs are real",
-                        verifier.name)
-            print(f"lightspec_jax: SYNTHETIC ACCEPTANCE MODE ({verifier.name}): "
-                  "outputs are not the target's; for benchmarking device costs only")
-        limit = getattr(model.config, "max_position_embeddings", None)
-        if limit is not None and config.max_model_len > limit:
-            log.warning("max_model_len=%d exceeds the target's max_position_embeddings=%d: "
-                        "positions past it were never trained and degrade output",
-                        config.max_model_len, limit)
-        if config.show_progress:
-            auto = " (dtype='auto')" if config.dtype == "auto" else ""
-            where = (jax.default_backend() if self.mesh is None else
-                     f"a {dict(self.mesh.shape)} {jax.default_backend()} mesh")
-            buckets = (f"{len(prefill_buckets)} prefill buckets {list(prefill_buckets)} and "
-                       f"{len(decode_buckets)} decode buckets {list(decode_buckets)}")
-            print(f"lightspec_jax: {model.dtype}{auto} on {where}; "
-                  + (f"{buckets} compile on first use" if config.compile_on_first_use else
-                     f"compiled {buckets} in {self.compile_seconds:.1f} s"))
+        announce(config, model, shapes, synthetic=verifier.name,
+                 compile_seconds=self.compile_seconds)
         self.planning = StepPlanning(config, model, self.runner, drafter, depths=depths,
                                      lockstep=lockstep)
         self.runner.warm_up()  # an executable's first run is slow: pay it here, not in a step
@@ -143,7 +90,7 @@ class Engine:
                                    admission_interval=config.admission_interval)
         self._requests: dict[str, Request] = {}  # live or not yet reported as finished
         self._aborted: list[Request] = []  # aborted since the last step(), to report
-        self._in_flight: _InFlight | None = None
+        self._in_flight: InFlight | None = None
         self._observers: list[Callable[[StepEvent], None]] = []
         self._rng = np.random.default_rng(config.seed)
         self._auto_id = 0
@@ -305,7 +252,7 @@ class Engine:
         return bool(remaining.size) and bool(
             remaining.max() <= flight.plan.verified_depth + 1)
 
-    def _run(self, batch) -> _InFlight:
+    def _run(self, batch) -> InFlight:
         """Plans and dispatches a scheduled step; never waits for the device."""
         runner, scheduler = self.runner, self.scheduler
         started = time.perf_counter()
@@ -333,7 +280,7 @@ class Engine:
                                            span=plan.verified_depth + 1)
             scheduler.dispatched_decode(plan.draft_depth)
             self._last_readback = readback
-        return _InFlight(owners=list(scheduler.owner),
+        return InFlight(owners=list(scheduler.owner),
                          completing=[c.request for c in batch.prefills if c.completes_prompt],
                          first_tokens=first, first_index=where, readback=readback,
                          confidence=conf, plan=plan,
@@ -341,7 +288,7 @@ class Engine:
                          prefill_ms=prefill_ms, context_len=batch.context_len,
                          busy_at_enqueue=busy, dispatched_at=time.perf_counter())
 
-    def _postprocess(self, flight: _InFlight):
+    def _postprocess(self, flight: InFlight):
         """Reads a step back (one packed array) and lets the scheduler apply it."""
         start = time.perf_counter()
         last = flight.readback if flight.readback is not None else flight.first_tokens
@@ -363,7 +310,7 @@ class Engine:
                             wait_ms=wait_ms, seconds=ready - flight.dispatched_at, **record)
         return changed, StepEvent(record, flight.plan, readback, self.runner.columns), wait_ms
 
-    def _learn(self, flight: _InFlight, readback: np.ndarray, waited: bool, ready: float) -> dict:
+    def _learn(self, flight: InFlight, readback: np.ndarray, waited: bool, ready: float) -> dict:
         """The engine totals of a decode step and what the planner learns from it."""
         c, plan = self.runner.columns, flight.plan
         live = self.scheduler.last_live  # [N] slots whose tokens were applied

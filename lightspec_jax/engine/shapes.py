@@ -1,7 +1,8 @@
 """What an engine compiles for its configuration, decided once at construction (host only):
 the drafter a policy needs, the draft depths it may plan, the verify and prefill buckets
 (rounded up to the data-parallel size on a mesh), the KV strip length and the mesh layout.
-The engine (engine.py) builds its runner and planner from these; nothing here runs per step.
+The engine (engine.py) builds its runner and planner from these and says what it built
+(`announce`); nothing here runs per step.
 
 Axis legend: N slots (max_num_seqs), K max draft depth, D data-parallel replicas.
 """
@@ -9,6 +10,7 @@ Axis legend: N slots (max_num_seqs), K max draft depth, D data-parallel replicas
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
 
@@ -16,6 +18,8 @@ from ..config import EngineConfig, Policy
 from ..drafters import Drafter, NgramDrafter
 from .buckets import midpoint_buckets, powers_of_two
 from .sharding import MeshLayout, engine_mesh
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +95,34 @@ def engine_shapes(config: EngineConfig, model, drafter: Drafter | None) -> Engin
                         # verify rows write up to K past seq_len and drafting up to K more
                         cache_len=_cache_len(config.max_model_len + 2 * k), mesh=mesh,
                         layout=layout)
+
+
+def announce(config: EngineConfig, model, shapes: EngineShapes, *, synthetic: str,
+             compile_seconds: float) -> None:
+    """Warns of what a user would not expect from an engine built (synthetic acceptance, a
+    max_model_len past the target's trained positions) and, with show_progress, says what
+    it compiled. synthetic: the synthetic verifier's profile name ("" for a real verifier)."""
+    if synthetic:
+        log.warning("SYNTHETIC ACCEPTANCE (%s profile): verification outcomes are drawn, not "
+                    "exact-matched; outputs are not the target's, only costs are real",
+                    synthetic)
+        print(f"lightspec_jax: SYNTHETIC ACCEPTANCE MODE ({synthetic}): "
+              "outputs are not the target's; for benchmarking device costs only")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and config.max_model_len > limit:
+        log.warning("max_model_len=%d exceeds the target's max_position_embeddings=%d: "
+                    "positions past it were never trained and degrade output",
+                    config.max_model_len, limit)
+    if config.show_progress:
+        auto = " (dtype='auto')" if config.dtype == "auto" else ""
+        where = (jax.default_backend() if shapes.mesh is None else
+                 f"a {dict(shapes.mesh.shape)} {jax.default_backend()} mesh")
+        prefill, decode = shapes.prefill_buckets, shapes.decode_buckets
+        buckets = (f"{len(prefill)} prefill buckets {list(prefill)} and "
+                   f"{len(decode)} decode buckets {list(decode)}")
+        print(f"lightspec_jax: {model.dtype}{auto} on {where}; "
+              + (f"{buckets} compile on first use" if config.compile_on_first_use else
+                 f"compiled {buckets} in {compile_seconds:.1f} s"))
 
 
 def _cache_len(max_model_len: int, block: int = 128, granule: int = 16) -> int:

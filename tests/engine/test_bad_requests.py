@@ -86,6 +86,6 @@ def test_silent_misconfigurations_are_errors(engine, caplog):
     long = dataclasses.replace(engine.config, max_num_seqs=1, max_num_batched_tokens=8,
                                row_buckets=(8,),
                                max_model_len=engine.model.config.max_position_embeddings + 1)
-    with caplog.at_level(logging.WARNING, logger="lightspec_jax.engine.engine"):
+    with caplog.at_level(logging.WARNING, logger="lightspec_jax.engine.shapes"):
         Engine(engine.model, config=long)
     assert "max_position_embeddings" in caplog.text
