@@ -45,6 +45,9 @@ ADMISSION_INTERVAL = {"dynamic_k4_admit3": 3}  # EngineConfig.admission_interval
 
 NO_OVERLAP = {"eagle3_k5"}  # its proposal test compares device state after each step
 
+# The significance level of the distribution tests (test_probabilistic*.py).
+SIGNIFICANCE = 1e-3
+
 
 @pytest.fixture(scope="session")
 def target_dir(hf_checkpoints):
