@@ -96,6 +96,7 @@ class Engine:
         self._auto_id = 0
         self._steps = 0
         self._plan_ms = 0.0  # planner time within the current step()
+        self._report_unfinished = True  # step() reports every request touched (generate(): no)
         self._last_readback = None  # the last decode step's read-back, on the device
 
     @property
@@ -228,10 +229,14 @@ class Engine:
             self._requests[request.request_id] = request
             self.scheduler.add(request)
         results: dict[str, RequestOutput] = {}
-        while self.has_unfinished_requests():
-            for out in self.step():
-                if out.finished:
-                    results[out.request_id] = out
+        self._report_unfinished = False  # generate() returns finished requests alone
+        try:
+            while self.has_unfinished_requests():
+                for out in self.step():
+                    if out.finished:
+                        results[out.request_id] = out
+        finally:
+            self._report_unfinished = True
         if self.planning.feedback is not None:
             self.planning.feedback.save()
         return [results[r.request_id] for r in requests]
@@ -350,13 +355,18 @@ class Engine:
     def _outputs(self, touched: list[Request]) -> list[RequestOutput]:
         """One report per request touched (in first-touch order); finished ones leave the
         engine's table. At high concurrency this is hundreds of requests a step, in the
-        loop's host time: the per-request work is the report alone."""
+        loop's host time: the per-request work is the report alone, and inside generate(),
+        which returns finished requests only, the others get none (`_report_unfinished`:
+        0.2-0.5 ms a step at c = 256 on the CPU's near-free model, about a tenth of the
+        step's host time)."""
         # Speculative counters: final once finished, until then read from the scheduler.
         live = None if self.planning.planner is None else self.scheduler
         requests, outputs = self._requests, []
         for request in dict.fromkeys(touched):
             if request.finish_reason is not None:
                 requests.pop(request.request_id, None)
+            elif not self._report_unfinished:
+                continue
             outputs.append(request.report(None if live is None else request.spec or live))
         return outputs
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from lightspec_jax import SamplingParams
+from lightspec_jax.request import Request
 
 
 def hf_greedy(hf_model, prompt, max_new_tokens):
@@ -80,6 +81,37 @@ def test_step_api_with_arrivals_and_aborts(engine, engines):
             assert out.token_ids == ref[:len(out.token_ids)]
         else:
             assert out.finish_reason == "length" and out.token_ids == ref, rid
+
+
+def test_generate_reports_each_request_once_as_a_step_loop_ends_it(engine, monkeypatch):
+    """generate() returns finished requests only, so it builds no report for the others on
+    the way (hundreds a step at high concurrency): one report per request, carrying its whole
+    output, the same tokens and finish reasons as a step() loop and the same token count in
+    the engine's stats."""
+    prompts = random_prompts(4, [5, 19, 3, 12], engine.vocab_size)
+    params = [SamplingParams(max_tokens=6 + 5 * i, ignore_eos=True) for i in range(4)]
+    reports = []
+    report = Request.report
+    monkeypatch.setattr(Request, "report",
+                        lambda self, metrics: reports.append(self.request_id)
+                        or report(self, metrics))
+    before = engine.stats.tokens
+    outs = engine.generate(prompts, params)
+    assert sorted(reports) == sorted(o.request_id for o in outs)  # one each, at its end
+    assert [o.new_token_ids for o in outs] == [o.token_ids for o in outs]
+    assert engine.stats.tokens - before == sum(len(o.token_ids) for o in outs)
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(f"stepped-{i}", prompt, p)
+    stepped, before = {}, engine.stats.tokens
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                stepped[out.request_id] = out
+    assert [(o.token_ids, o.finish_reason) for o in outs] == [
+        (stepped[f"stepped-{i}"].token_ids, stepped[f"stepped-{i}"].finish_reason)
+        for i in range(len(prompts))]
+    assert engine.stats.tokens - before == sum(len(o.token_ids) for o in outs)
+    assert len(reports) > 2 * len(prompts)  # step() reported the requests on the way
 
 
 def test_a_removed_step_observer_is_called_no_more(engine):
