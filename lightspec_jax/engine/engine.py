@@ -286,12 +286,12 @@ class Engine:
             scheduler.dispatched_decode(plan.draft_depth)
             self._last_readback = readback
         return InFlight(owners=list(scheduler.owner),
-                         completing=[c.request for c in batch.prefills if c.completes_prompt],
-                         first_tokens=first, first_index=where, readback=readback,
-                         confidence=conf, plan=plan,
-                         with_proposal=batch.with_proposal, prefill_rows=batch.prefill_rows,
-                         prefill_ms=prefill_ms, context_len=batch.context_len,
-                         busy_at_enqueue=busy, dispatched_at=time.perf_counter())
+                        completing=[c.request for c in batch.prefills if c.completes_prompt],
+                        first_tokens=first, first_index=where, readback=readback,
+                        confidence=conf, plan=plan,
+                        with_proposal=batch.with_proposal, prefill_rows=batch.prefill_rows,
+                        prefill_ms=prefill_ms, context_len=batch.context_len,
+                        busy_at_enqueue=busy, dispatched_at=time.perf_counter())
 
     def _postprocess(self, flight: InFlight):
         """Reads a step back (one packed array) and lets the scheduler apply it."""
