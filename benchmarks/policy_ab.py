@@ -193,6 +193,7 @@ def build(variant: Variant, args, concurrency: int, longest: int):
     import lightspec_jax.engine.planning as planning_module
     from lightspec_jax.bench.serve import build_engine, prefill_buckets
     from lightspec_jax.drafters import DraftLMDrafter
+    from lightspec_jax.engine.buckets import powers_of_two
 
     make = today = planning_module.make_planner
     if variant.planner_at is not None:
@@ -210,7 +211,7 @@ def build(variant: Variant, args, concurrency: int, longest: int):
         config["cost_table_path"] = path
     if variant.prefill == "pow2":  # the benchmark's buckets less their midpoints
         rows = prefill_buckets(concurrency, longest)
-        config["row_buckets"] = tuple(b for b in rows if b & (b - 1) == 0 or b == rows[-1])
+        config["row_buckets"] = powers_of_two(rows[-1], start=rows[0])
     try:
         engine = build_engine(args, policy=variant.policy, depth=variant.depth,
                               concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,

@@ -361,11 +361,11 @@ class Engine:
         step's host time)."""
         # Speculative counters: final once finished, until then read from the scheduler.
         live = None if self.planning.planner is None else self.scheduler
-        requests, outputs = self._requests, []
+        requests, outputs, every = self._requests, [], self._report_unfinished
         for request in dict.fromkeys(touched):
             if request.finish_reason is not None:
                 requests.pop(request.request_id, None)
-            elif not self._report_unfinished:
+            elif not every:
                 continue
             outputs.append(request.report(None if live is None else request.spec or live))
         return outputs
