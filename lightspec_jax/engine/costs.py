@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from lightspec_jax.pallas_kernels import use_pallas
 from lightspec_jax.planner import CostTable
-from lightspec_jax.planner.survival import non_increasing
+from lightspec_jax.planner.survival import non_decreasing, non_increasing
 
 from .batch import SlotState
 from .multihost import Lockstep
@@ -88,8 +88,10 @@ class CostProfile:
 # 11: a drafter that catches up is priced without its commit at the floor buckets; 12: the
 # online refresh keeps each context column's shape, planner.CostTable.update_level - a table
 # refreshed cell by cell before it holds the shape its history drifted into, which the new
-# refresh would keep for good, so it is swept again).
-SWEEP_VERSION = 12
+# refresh would keep for good, so it is swept again; 13: every bucket timed once per round,
+# and the verify prices fitted non-decreasing in rows - a table swept bucket by bucket may
+# hold a spell of the machine as a step between two buckets, kept for good by that refresh).
+SWEEP_VERSION = 13
 
 
 def cache_key(runner: ModelRunner, target, *, dtype: str, depths: tuple[int, ...],
@@ -136,37 +138,59 @@ def _synthetic_state(runner: ModelRunner, context: int, active: int) -> SlotStat
         proposal_len=jnp.full((n,), k, jnp.int32)))
 
 
-def _time_decode(runner: ModelRunner, rows: int, variants: tuple[tuple[int, bool], ...], *,
-                 context: int, steps: int, repeats: int) -> list[float]:
-    """Least ms per step of the decode step at `rows` for each (depth, whether the drafter
-    commits) variant.
+def _time_rounds(runner: ModelRunner, work: list[tuple[int, tuple[tuple[int, bool], ...]]], *,
+                 context: int, steps: int, repeats: int, progress=None) -> list[list[float]]:
+    """Least ms per step of every (rows, variants) item of `work`: for each item, one figure
+    per (depth, whether the drafter commits) variant.
 
-    Each timing dispatches `steps` steps back to back and waits once, as the overlapped loop
+    The sweep runs in rounds: a warm-up round of one step per variant, then `repeats` rounds,
+    each timing every variant of every item once, so each figure is the fastest of `repeats`
+    timings spread over the whole sweep. A slow spell of this shared machine then hits every
+    bucket alike rather than the one being timed: timed bucket by bucket, two fresh sweeps of
+    one engine (HumanEval, c = 4, 2 CPU cores) priced 8 rows at 1.07x and 0.90x 6 rows, and
+    32 rows under 24, and the planner drafted around a step in its table that was not there.
+    progress: called once per timing (a tqdm's update), or None.
+    """
+    times = [[[] for _ in variants] for _, variants in work]
+    for round_ in range(repeats + 1):
+        count = 1 if round_ == 0 else steps  # the first round warms up
+        for (rows, variants), timed in zip(work, times):
+            for figure, ms in zip(timed, _time_round(runner, rows, variants, context=context,
+                                                     count=count)):
+                figure.append(ms)
+                if progress is not None:
+                    progress()
+    return [[min(t[1:]) for t in timed] for timed in times]
+
+
+def _time_round(runner: ModelRunner, rows: int, variants: tuple[tuple[int, bool], ...], *,
+                context: int, count: int) -> list[float]:
+    """ms per step of the decode step at `rows`, once for each (depth, commit) variant.
+
+    Each timing dispatches `count` steps back to back and waits once, as the overlapped loop
     runs them: a step's dispatch and launch latency hide behind the step before it, so a
     bucket is priced at what it adds to a serving step, not at a lone step's round trip (on
     the H200 a lone verify at B = 256 timed 4.5 ms where back-to-back steps take 4.0). Before
     every step the proposals are re-armed to full length, so a bucket's rows are all real.
-    The variants are timed in turn within each repeat (a slow spell on a shared machine then
-    hits all of them alike). What steps that do not commit leave the drafter behind by is
-    dropped, not caught up: the synthetic state's drafter cache is read by nothing.
+    The variants are timed in turn (a depth's price is the difference of two of them). What
+    steps that do not commit leave the drafter behind by is dropped, not caught up: the
+    synthetic state's drafter cache is read by nothing.
     """
     extra = runner.verifier.empty_inputs(runner.num_slots, runner.max_depth)
-    times = [[] for _ in variants]
-    for repeat in range(repeats + 1):
-        for i, (depth, commit) in enumerate(variants):
-            runner.state = _synthetic_state(runner, context, min(runner.num_slots, rows))
-            runner.discard_catch_up()
-            jax.block_until_ready(runner.state)
-            count = 1 if repeat == 0 else steps  # the first repeat warms up
-            start = time.perf_counter()
-            for _ in range(count):
-                # (placed again: jit leaves a zero-size field replicated on a mesh)
-                runner.state = runner.place_state(_rearm(runner.state))
-                readback, _ = runner.decode(rows, depth, extra, commit=commit)
-            # The draft step ends after the read-back is ready: wait for the state it writes.
-            jax.block_until_ready((readback, runner.state, runner.dcache))
-            times[i].append(1e3 * (time.perf_counter() - start) / count)
-    return [min(t[1:]) for t in times]
+    out = []
+    for depth, commit in variants:
+        runner.state = _synthetic_state(runner, context, min(runner.num_slots, rows))
+        runner.discard_catch_up()
+        jax.block_until_ready(runner.state)
+        start = time.perf_counter()
+        for _ in range(count):
+            # (placed again: jit leaves a zero-size field replicated on a mesh)
+            runner.state = runner.place_state(_rearm(runner.state))
+            readback, _ = runner.decode(rows, depth, extra, commit=commit)
+        # The draft step ends after the read-back is ready: wait for the state it writes.
+        jax.block_until_ready((readback, runner.state, runner.dcache))
+        out.append(1e3 * (time.perf_counter() - start) / count)
+    return out
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -192,11 +216,13 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     # committing one.
     work = ([(b, ((0, True), (0, False)) if b in runner.floor_buckets else ((0, True),))
              for b in sizes] + [(home, ((0, True), (d, True))) for d in depths])
+    total = (repeats + 1) * sum(len(variants) for _, variants in work)
+    with tqdm(total=total, desc="profiling decode buckets", disable=not show_progress,
+              leave=False) as bar:
+        timings = _time_rounds(runner, work, context=context, steps=steps, repeats=repeats,
+                               progress=bar.update)
     ms, added, commit_ms = {}, {}, {}
-    for rows, pair in tqdm(work, desc="profiling decode buckets", disable=not show_progress,
-                           leave=False):
-        timed = _time_decode(runner, rows, pair, context=context, steps=steps,
-                             repeats=repeats)
+    for (rows, pair), timed in zip(work, timings):
         (depth, commit) = pair[-1]
         if depth:
             added[depth] = timed[1] - timed[0]  # what the draft step of depth d adds
@@ -212,8 +238,11 @@ def profile_costs(runner: ModelRunner, *, depths: tuple[int, ...], context: int 
     # planner draft deeper for "free".
     fitted = -non_increasing(-np.array([added[d] for d in depths]), np.ones(len(depths)))
     depth_ms = {d: max(float(ms), _PLACEHOLDER_MS) for d, ms in zip(depths, fitted)}
+    # Nor does verifying more rows: a bucket timed under a smaller one is noise too, and
+    # left in, it would price a step in the table that the device does not have.
+    verify_ms = dict(zip(sizes, non_decreasing([ms[b] for b in sizes])))
     total_context = n * context
-    return CostProfile(target=CostTable({b: ms[b] for b in sizes}, context_len=total_context,
+    return CostProfile(target=CostTable(verify_ms, context_len=total_context,
                                         impute=verify_context_rule()),
                        draft=CostTable({b: max(commit_ms.get(b, 0.0), _PLACEHOLDER_MS)
                                         for b in sizes}, context_len=total_context),
