@@ -145,10 +145,11 @@ def _time_rounds(runner: ModelRunner, work: list[tuple[int, tuple[tuple[int, boo
 
     The sweep runs in rounds: a warm-up round of one step per variant, then `repeats` rounds,
     each timing every variant of every item once, so each figure is the fastest of `repeats`
-    timings spread over the whole sweep. A slow spell of this shared machine then hits every
-    bucket alike rather than the one being timed: timed bucket by bucket, two fresh sweeps of
-    one engine (HumanEval, c = 4, 2 CPU cores) priced 8 rows at 1.07x and 0.90x 6 rows, and
-    32 rows under 24, and the planner drafted around a step in its table that was not there.
+    timings spread over the whole sweep. A slow spell of a shared machine then hits every
+    bucket alike rather than the one being timed. Timed bucket by bucket, a spell became a
+    step between two buckets, which the online refresh keeps (a HumanEval c = 4 table priced
+    8 rows at 1.53x 6 rows, where the loop's periods differ by 1.13x), and the planner drafted
+    around it (BENCHMARKS.md, "Forty-ninth session: the start-up sweep in rounds").
     progress: called once per timing (a tqdm's update), or None.
     """
     times = [[[] for _ in variants] for _, variants in work]
