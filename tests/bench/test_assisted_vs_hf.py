@@ -1,17 +1,12 @@
 """benchmarks/assisted_vs_hf.py on tiny settings: every method runs and matches transformers."""
 
-import importlib.util
 import json
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmark_scripts import load_benchmark
 
 
 def test_smoke_every_output_matches_transformers(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "assisted_vs_hf", os.path.join(ROOT, "benchmarks", "assisted_vs_hf.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("assisted_vs_hf")
     out = tmp_path / "results.json"
     bench.main(["--workloads", "math", "--num-prompts", "1", "--max-tokens", "8",
                 "--repeats", "1", "--methods", "hf-assisted-k3", "ours-none",

@@ -2,8 +2,6 @@
 recorded plans; one that differs fails the replay."""
 
 import dataclasses
-import importlib.util
-import os
 import pickle
 
 import numpy as np
@@ -11,15 +9,11 @@ import pytest
 
 from lightspec_jax.planner import CostTable, PlannerSpec, StepObservation
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmark_scripts import ROOT, load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "planner_replay", os.path.join(ROOT, "benchmarks", "planner_replay.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("planner_replay")
 
 
 def _recording(bench):

@@ -2,7 +2,6 @@
 variants served side by side agree token for token."""
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -12,22 +11,17 @@ import types
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmark_scripts import ROOT, load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
     folder = os.path.join(ROOT, "benchmarks")
     sys.path.insert(0, folder)  # as for the script: it imports its step accounting from there
-    spec = importlib.util.spec_from_file_location(
-        "policy_ab", os.path.join(folder, "policy_ab.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
     try:
-        spec.loader.exec_module(module)
-        yield module
+        yield load_benchmark("policy_ab", register=True)  # its dataclass looks it up there
     finally:
-        sys.modules.pop(spec.name, None)
+        sys.modules.pop("policy_ab", None)
         sys.path.remove(folder)
 
 
@@ -232,10 +226,7 @@ def test_a_replayed_pass_meets_its_batches_and_serves_the_same_tokens(bench, cap
 
 
 def test_planner_cpu_time_times_every_planner_call_of_each_variant(bench, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "planner_cpu_time", os.path.join(ROOT, "benchmarks", "planner_cpu_time.py"))
-    cpu_time = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cpu_time)  # imports policy_ab: the fixture's module
+    cpu_time = load_benchmark("planner_cpu_time")  # imports policy_ab: the fixture's module
     build = bench.build
     code = cpu_time.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
                           "--max-tokens", "6", "--repeats", "1", "static:2", "dynamic:3"])

@@ -1,20 +1,15 @@
 """benchmarks/sweep_stability.py: its "per-bucket" sweep is the engine's sweep in the order
 before rounds - each bucket's repeats back to back, no fit - and leaves the engine's as it was."""
 
-import importlib.util
-import os
 from types import SimpleNamespace
+
+from benchmark_scripts import load_benchmark
 
 from lightspec_jax.engine import costs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def test_per_bucket_sweep_times_each_bucket_through_and_fits_nothing(monkeypatch):
-    spec = importlib.util.spec_from_file_location(
-        "sweep_stability", os.path.join(ROOT, "benchmarks", "sweep_stability.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("sweep_stability")
     calls = []
     timed = {4: 5.0, 8: 4.0}  # 8 rows timed under 4: kept as timed, not pooled
 

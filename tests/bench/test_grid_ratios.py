@@ -1,0 +1,50 @@
+"""benchmarks/grid_ratios.py: the best other policy chosen on some repeats is judged on the
+others, repeats pair by round, and a cell whose output differs from plain decoding fails."""
+
+import json
+
+import pytest
+from benchmark_scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("grid_ratios")
+
+
+def row(policy, tok_s, rounds=None, c=1, **extra):
+    return {"concurrency": c, "policy": policy, "tok_s": sorted(tok_s)[len(tok_s) // 2],
+            "tok_s_repeats": tok_s, "repeat_rounds": rounds or list(range(len(tok_s))), **extra}
+
+
+def test_a_lucky_repeat_picks_the_best_in_sample_but_not_held_out(bench):
+    # static:a is 100 but for one lucky repeat; static:b a steady 110; dynamic 105.
+    runs = {"static:a": [100.0, 100.0, 130.0], "static:b": [110.0] * 3,
+            "dynamic:7": [105.0] * 3}
+    out = bench.cell_ratios(runs, "dynamic:7")
+    assert out["best"] == "static:b"
+    assert out["in_sample"] == pytest.approx(105 / 110)
+    # Splits choosing on {0, 1} pick b (judged on repeat 2: 105 / 110); on {0, 2} or {1, 2}
+    # they pick a (130 lifts its median to 115) and judge it on a repeat where it ran 100.
+    assert out["held_out"] == pytest.approx(1.05)
+
+
+def test_repeats_pair_by_round_and_rounds_not_shared_are_left_out(bench):
+    rows = [row("none", [90.0, 100.0, 80.0], rounds=[2, 0, 1]),
+            row("dynamic:7", [100.0, 120.0], rounds=[0, 2])]
+    assert bench.paired(rows) == {"none": [100.0, 90.0], "dynamic:7": [100.0, 120.0]}
+
+
+def test_a_cell_whose_output_differs_is_flagged_and_fails(bench, tmp_path, capsys):
+    folder = tmp_path / "math"
+    folder.mkdir()
+    rows = [row("none", [100.0, 100.0]), row("static:3", [120.0, 110.0], identical_to_none=True),
+            row("dynamic:7", [118.0, 121.0], identical_to_none=True),
+            row("none", [50.0, 52.0], c=4), row("dynamic:7", [60.0, 61.0], c=4,
+                                                 identical_to_none=False)]
+    (folder / "serve.json").write_text(json.dumps({"rows": rows}))
+    assert bench.main([str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert "| math | 1 | 2 | 1.039 (static:3) |" in out  # 119.5 / 115
+    assert "| math | 4 | 2 | 1.186 (none) (output differs from plain decoding) | 1.187 |" in out
+    assert "in sample: 2 of 2 cells >= 0.95, 2 >= 1.0" in out
