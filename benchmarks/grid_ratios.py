@@ -42,6 +42,11 @@ def paired(rows: list[dict]) -> dict[str, list[float]]:
     by_round = [dict(zip(r.get("repeat_rounds") or range(len(r["tok_s_repeats"])),
                          r["tok_s_repeats"])) for r in rows]
     common = sorted(set.intersection(*(set(b) for b in by_round)))
+    if not common:
+        raise ValueError(
+            f"no round that every policy at c = {rows[0]['concurrency']} ran in: a serve run "
+            "with several drafters times each drafter's engines in rounds of its own; pass "
+            "one drafter's results")
     return {r["policy"]: [b[k] for k in common] for r, b in zip(rows, by_round)}
 
 
@@ -111,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="dynamic:7",
                         help="the policy compared with the others (default dynamic:7)")
     args = parser.parse_args(argv)
-    cells = grid([load(p) for p in args.results], args.policy)
+    try:
+        cells = grid([load(p) for p in args.results], args.policy)
+    except ValueError as e:
+        raise SystemExit(f"grid_ratios: {e}") from None
     if not cells:
         raise SystemExit(f"no cell served {args.policy}")
     print(report(cells, args.policy))

@@ -33,6 +33,9 @@ def test_repeats_pair_by_round_and_rounds_not_shared_are_left_out(bench):
     rows = [row("none", [90.0, 100.0, 80.0], rounds=[2, 0, 1]),
             row("dynamic:7", [100.0, 120.0], rounds=[0, 2])]
     assert bench.paired(rows) == {"none": [100.0, 90.0], "dynamic:7": [100.0, 120.0]}
+    apart = [row("static:3", [100.0], rounds=[0]), row("dynamic:7", [100.0], rounds=[1])]
+    with pytest.raises(ValueError, match="no round that every policy at c = 1 ran in"):
+        bench.paired(apart)
 
 
 def test_a_cell_whose_output_differs_is_flagged_and_fails(bench, tmp_path, capsys):
