@@ -26,6 +26,8 @@ import json
 import os
 import statistics
 
+from lightspec_jax.bench.report import by_round
+
 
 def load(path: str) -> tuple[str, list[dict]]:
     """(workload name, rows) of one serve result: a serve.json or the folder holding one; the
@@ -39,15 +41,14 @@ def load(path: str) -> tuple[str, list[dict]]:
 
 def paired(rows: list[dict]) -> dict[str, list[float]]:
     """Policy -> its tok/s per repeat, in the order of the rounds every policy ran in."""
-    by_round = [dict(zip(r.get("repeat_rounds") or range(len(r["tok_s_repeats"])),
-                         r["tok_s_repeats"])) for r in rows]
-    common = sorted(set.intersection(*(set(b) for b in by_round)))
+    rounds = [by_round(r) for r in rows]
+    common = sorted(set.intersection(*(set(b) for b in rounds)))
     if not common:
         raise ValueError(
             f"no round that every policy at c = {rows[0]['concurrency']} ran in: a serve run "
             "with several drafters times each drafter's engines in rounds of its own; pass "
             "one drafter's results")
-    return {r["policy"]: [b[k] for k in common] for r, b in zip(rows, by_round)}
+    return {r["policy"]: [b[k] for k in common] for r, b in zip(rows, rounds)}
 
 
 def cell_ratios(runs: dict[str, list[float]], policy: str) -> dict:

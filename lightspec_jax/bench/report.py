@@ -158,7 +158,7 @@ def _distinct(a: dict, b: dict) -> bool:
     figures, or without two rounds in common (serve runs one group of engines at a time:
     serve.engine_groups), fall back to disjoint min-max ranges."""
     slow, fast = sorted((a, b), key=lambda r: r["tok_s"])
-    slow_runs, fast_runs = _by_round(slow), _by_round(fast)
+    slow_runs, fast_runs = by_round(slow), by_round(fast)
     pairs = [(slow_runs[k], fast_runs[k]) for k in slow_runs if k in fast_runs]
     if len(pairs) < 2:
         return slow["tok_s_max"] < fast["tok_s_min"]
@@ -166,7 +166,7 @@ def _distinct(a: dict, b: dict) -> bool:
     return min(ratios) > 1.0 and statistics.median(ratios) >= DISTINCT_RATIO
 
 
-def _by_round(row: dict) -> dict:
+def by_round(row: dict) -> dict:
     """A row's per-repeat tok/s keyed by the round it ran in (its index where unrecorded)."""
     values = row.get("tok_s_repeats") or []
     return dict(zip(row.get("repeat_rounds") or range(len(values)), values))
