@@ -64,6 +64,9 @@ prompt rows, verify rows and draft rows in it (least squares): what a verify row
 beside a prompt chunk and without one; and the full decode steps' periods by the plan that ran
 them (the depth drafted before, verified, drafted), "floor" for steps inside a run at the
 floor - what a floor step costs a dynamic engine beside a forced floor's or plain decoding's.
+Last, every variant's full decode steps priced at the run's common prices (step_kinds.
+common_prices): each step at the median period of its cell over every variant and repeat, so
+that what the variants chose is compared without the machine's speed at the times they ran.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ import types
 import numpy as np
 
 from replayed_plans import ReplayedPlans, replay_plans  # noqa: F401 (benchmarks/)
-from step_kinds import period_fit, plan_periods, summarize  # benchmarks/: the script's own folder
+from step_kinds import common_prices, period_fit, plan_periods, summarize  # benchmarks/: the script's own folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.periods:
             for line in period_fit(repeats) + plan_periods(repeats, c)[:8]:
                 print(" " * 13 + line)
+    priced = common_prices({label: runs[label][1] for label in labels}, c)
+    base = priced[labels[0]][1] / max(priced[labels[0]][2], 1)
+    print("full decode steps at the run's common prices (median period of each verify bucket "
+          "and depth drafted before; ms per token, x " + labels[0] + "'s tokens per ms):")
+    for label in labels:
+        steps, ms, tokens, own = priced[label]
+        if tokens:
+            print(f"{label:>12s} {steps} steps {tokens} tok  {ms / tokens:.3f} ms/tok "
+                  f"x{base / (ms / tokens):.3f}  (as measured {own / tokens:.3f} ms/tok)")
     astray = {label: runs[label][3].mismatches for label in labels
               if runs[label][3] is not None and runs[label][3].mismatches}
     if astray:

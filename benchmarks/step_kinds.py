@@ -1,7 +1,8 @@
 """What a policy_ab variant's steps cost, from the step records it observed: wall time,
 tokens and steps by kind of step, host and planner ms, the depths drafted, and a least-squares
 fit of the loop's period on the rows of each step, and the full decode steps' periods by the
-plan they ran (policy_ab.py --periods).
+plan they ran (policy_ab.py --periods); and what each variant's full decode steps would cost at
+prices common to every variant of the run (`common_prices`).
 
 A step's record: (read time s, StepRecord, StepPlan) of each step read back, per repeat.
 """
@@ -70,12 +71,9 @@ def plan_periods(repeats: list[list], concurrency: int) -> list[str]:
     mean and median period, tokens per ms."""
     cells = collections.defaultdict(list)  # (drafted, verified, drafts) -> [(ms, tokens)]
     for steps in repeats:
-        for (before, previous, last), (when, record, plan) in zip(steps, steps[1:]):
-            if (plan is None or last is None or record.prefill_rows or previous.prefill_rows
-                    or record.num_requests < 0.75 * concurrency):
-                continue
-            cell = (last.draft_depth, plan.verified_depth, plan.draft_depth)
-            cells[cell].append((1e3 * (when - before), record.emitted))
+        for ms, record, plan, last in _full_decode_steps(steps, concurrency):
+            cells[(last.draft_depth, plan.verified_depth, plan.draft_depth)].append(
+                (ms, record.emitted))
     out = []
     for cell, xs in sorted(cells.items(), key=lambda kv: -len(kv[1])):
         ms, tokens = np.array(xs, float).T
@@ -83,3 +81,37 @@ def plan_periods(repeats: list[list], concurrency: int) -> list[str]:
         out.append(f"{name}: {len(xs)} steps, period {ms.mean():.2f} ms (median "
                    f"{np.median(ms):.2f}), {tokens.sum() / ms.sum():.2f} tok/ms")
     return out
+
+
+def _full_decode_steps(steps: list, concurrency: int):
+    """(period ms, StepRecord, its plan, the previous step's plan) of each full decode step of
+    a repeat: decode only, at least 3/4 of the concurrency decoding, after a decode-only
+    read-back."""
+    for (before, previous, last), (when, record, plan) in zip(steps, steps[1:]):
+        if (plan is None or last is None or record.prefill_rows or previous.prefill_rows
+                or record.num_requests < 0.75 * concurrency):
+            continue
+        yield 1e3 * (when - before), record, plan, last
+
+
+def common_prices(runs: dict[str, list[list]], concurrency: int) -> dict[str, tuple]:
+    """What each variant's full decode steps cost at prices common to the run: each step priced
+    at the median period, over every variant and repeat, of the steps of its cell (its verify
+    bucket and the depth the step before drafted - what the period between two read-backs
+    holds, as the planner's calibration keys it). The machine's speed moves by 10-30% between
+    repeats here, and each variant met it at other times; at common prices what is left is the
+    variants' choices: how many steps, of which cells, for the tokens they committed.
+
+    runs: label -> repeats (summarize's). Returns label -> (steps, ms at common prices, tokens,
+    ms as measured)."""
+    cells = collections.defaultdict(list)  # (bucket, depth drafted before) -> [period ms]
+    mine = {}
+    for label, repeats in runs.items():
+        mine[label] = [(ms, (record.verify_rows, last.draft_depth), record.emitted)
+                       for steps in repeats for ms, record, _, last in
+                       _full_decode_steps(steps, concurrency)]
+        for ms, cell, _ in mine[label]:
+            cells[cell].append(ms)
+    price = {cell: float(np.median(ms)) for cell, ms in cells.items()}
+    return {label: (len(xs), sum(price[cell] for _, cell, _ in xs), sum(t for _, _, t in xs),
+                    sum(ms for ms, _, _ in xs)) for label, xs in mine.items()}

@@ -178,6 +178,37 @@ def test_full_steps_are_timed_by_the_plan_that_ran_them(bench):
         "drafted 0 verified 0 drafts 2: 1 steps, period 12.00 ms (median 12.00), 0.33 tok/ms"]
 
 
+def test_common_prices_take_the_machine_speed_out_of_a_comparison(bench):
+    """common_prices: two variants drafting alike but run while the machine ran at different
+    speeds price alike; one that commits its tokens in more, cheaper steps prices by what
+    those steps cost in the run, whatever its own periods were."""
+    def repeat(cells, speed):
+        # (verify bucket, depth drafted) per step, each emitting the depth's tokens + 1
+        t, steps, last = 0.0, [], types.SimpleNamespace(draft_depth=0)
+        record = types.SimpleNamespace(prefill_rows=0, num_requests=4, emitted=4)
+        steps.append((t, record, last))
+        for bucket, depth in cells:
+            t += speed * (4.0 + 0.5 * bucket + 1.0 * last.draft_depth) / 1e3
+            plan = types.SimpleNamespace(draft_depth=depth)
+            record = types.SimpleNamespace(prefill_rows=0, num_requests=4, verify_rows=bucket,
+                                           emitted=4 * (1 + last.draft_depth))
+            steps.append((t, record, plan))
+            last = plan
+        return steps
+
+    deep = [(12, 2)] * 10  # 4 requests: 3 tokens each a step, 11 ms a step
+    shallow = [(8, 1)] * 15  # 2 tokens each, 9 ms a step
+    runs = {"fast": [repeat(deep, 1.0)], "slow": [repeat(deep, 1.5)],
+            "shallow": [repeat(shallow, 1.0), repeat(shallow, 1.5)]}
+    priced = bench.common_prices(runs, concurrency=4)
+    (n_fast, ms_fast, tok_fast, own_fast), (_, ms_slow, _, own_slow) = (
+        priced["fast"], priced["slow"])
+    assert (n_fast, tok_fast) == (10, 4 + 9 * 12)  # the first step verified no draft
+    assert ms_fast == ms_slow and own_slow == pytest.approx(1.5 * own_fast)
+    steps, ms, tokens, _ = priced["shallow"]
+    assert ms / tokens > ms_fast / tok_fast
+
+
 def test_planner_variants_agree_token_for_token(bench, capsys):
     code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
                        "--max-tokens", "6", "--repeats", "2", "static:2",
