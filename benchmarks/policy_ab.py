@@ -64,9 +64,12 @@ prompt rows, verify rows and draft rows in it (least squares): what a verify row
 beside a prompt chunk and without one; and the full decode steps' periods by the plan that ran
 them (the depth drafted before, verified, drafted), "floor" for steps inside a run at the
 floor - what a floor step costs a dynamic engine beside a forced floor's or plain decoding's.
-Last, every variant's full decode steps priced at the run's common prices (step_kinds.
-common_prices): each step at the median period of its cell over every variant and repeat, so
-that what the variants chose is compared without the machine's speed at the times they ran.
+Last, where two or more variants run one policy (planner variants, say), their full decode
+steps priced at common prices (step_kinds.common_prices): each step at the median period of its
+cell over all of them and every repeat, so that what they chose is compared without the
+machine's speed at the times each ran. Only variants of one policy share prices (and replayed
+plans served idle form their own group): a static policy's planner costs a step less host time
+than the dynamic one's, in the same cell.
 """
 
 from __future__ import annotations
@@ -352,15 +355,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.periods:
             for line in period_fit(repeats) + plan_periods(repeats, c)[:8]:
                 print(" " * 13 + line)
-    priced = common_prices({label: runs[label][1] for label in labels}, c)
-    base = priced[labels[0]][1] / max(priced[labels[0]][2], 1)
-    print("full decode steps at the run's common prices (median period of each verify bucket "
-          "and depth drafted before; ms per token, x " + labels[0] + "'s tokens per ms):")
-    for label in labels:
-        steps, ms, tokens, own = priced[label]
-        if tokens:
-            print(f"{label:>12s} {steps} steps {tokens} tok  {ms / tokens:.3f} ms/tok "
-                  f"x{base / (ms / tokens):.3f}  (as measured {own / tokens:.3f} ms/tok)")
+    # a planner that plans and one replaying plans idle cost a step different host time
+    policies = {v.label: (v.policy, "idle" if v.replay_plans and not v.planner_busy else "")
+                for v in args.variants}
+    for key in dict.fromkeys(policies.values()):
+        group = [label for label in labels if policies[label] == key]
+        if len(group) < 2:
+            continue
+        policy = " ".join(key).strip()
+        priced = common_prices({label: runs[label][1] for label in group}, c)
+        base = priced[group[0]][1] / max(priced[group[0]][2], 1)
+        print(f"{policy} variants' full decode steps at their common prices (the median period "
+              f"of each verify bucket and depth drafted before, over them all; x {group[0]}):")
+        for label in group:
+            steps, ms, tokens, own = priced[label]
+            if tokens:
+                print(f"{label:>12s} {steps} steps {tokens} tok  {ms / tokens:.3f} ms/tok "
+                      f"x{base / (ms / tokens):.3f}  (as measured {own / tokens:.3f} ms/tok)")
     astray = {label: runs[label][3].mismatches for label in labels
               if runs[label][3] is not None and runs[label][3].mismatches}
     if astray:

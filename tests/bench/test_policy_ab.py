@@ -249,6 +249,11 @@ def test_a_replayed_pass_meets_its_batches_and_serves_the_same_tokens(bench, cap
     depths = {label: out.split(f"{label} ")[1].split("depths ")[1].split("}")[0]
               for label in ("replayed", "shared")}
     assert depths["shared"] == depths["replayed"], out
+    # the planning variants share prices; the one replayed idle has no partner
+    priced = out.split("dynamic variants' full decode steps at their common prices")[1]
+    assert [line.split()[0] for line in priced.splitlines()[1:4]] == [
+        "dynamic:3", "busy", "shared"], out
+    assert "idle variants" not in out
     with pytest.raises(SystemExit, match="names no earlier variant"):
         bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
                     "--max-tokens", "6", "--repeats", "1",
