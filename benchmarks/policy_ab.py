@@ -88,7 +88,8 @@ import types
 import numpy as np
 
 from replayed_plans import ReplayedPlans, replay_plans  # noqa: F401 (benchmarks/)
-from step_kinds import common_prices, period_fit, plan_periods, summarize  # benchmarks/: the script's own folder
+# benchmarks/: the script's own folder
+from step_kinds import common_prices, period_fit, plan_periods, summarize
 
 
 @dataclasses.dataclass(frozen=True)
