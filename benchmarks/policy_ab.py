@@ -370,9 +370,11 @@ def main(argv: list[str] | None = None) -> int:
               f"of each verify bucket and depth drafted before, over them all; x {group[0]}):")
         for label in group:
             steps, ms, tokens, own = priced[label]
-            if tokens:
-                print(f"{label:>12s} {steps} steps {tokens} tok  {ms / tokens:.3f} ms/tok "
-                      f"x{base / (ms / tokens):.3f}  (as measured {own / tokens:.3f} ms/tok)")
+            if not (tokens and base):
+                print(f"{label:>12s} {steps} full decode steps, {tokens} tok: nothing to compare")
+                continue
+            print(f"{label:>12s} {steps} steps {tokens} tok  {ms / tokens:.3f} ms/tok "
+                  f"x{base / (ms / tokens):.3f}  (as measured {own / tokens:.3f} ms/tok)")
     astray = {label: runs[label][3].mismatches for label in labels
               if runs[label][3] is not None and runs[label][3].mismatches}
     if astray:
