@@ -70,7 +70,7 @@ cell over all of them and every repeat, so that what they chose is compared with
 machine's speed at the times each ran. Only variants of one policy share prices (and replayed
 plans served idle form their own group): a static policy's planner costs a step less host time
 than the dynamic one's, in the same cell. Two identical dynamic engines read 0.99-1.02x apart
-this way at c = 1 and 4, where they ran 0.90-1.08x apart measured; at c = 16 most steps carry
+this way at c = 1 and 4, where measured they ran 0.93-1.05x apart; at c = 16 most steps carry
 a prompt chunk and few are priced (BENCHMARKS.md, fifty-second session).
 """
 
