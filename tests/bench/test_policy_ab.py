@@ -183,7 +183,8 @@ def test_common_prices_take_the_machine_speed_out_of_a_comparison(bench):
     speeds price alike; one that commits its tokens in more, cheaper steps prices by what
     those steps cost in the run, whatever its own periods were."""
     def repeat(cells, speed):
-        # (verify bucket, depth drafted) per step, each emitting the depth's tokens + 1
+        # (verify bucket, depth drafted) per step; each request emits the depth drafted
+        # before the step + 1; a step costs 4 ms, 0.5 a verify row and 1 a draft before it
         t, steps, last = 0.0, [], types.SimpleNamespace(draft_depth=0)
         record = types.SimpleNamespace(prefill_rows=0, num_requests=4, emitted=4)
         steps.append((t, record, last))
@@ -196,7 +197,7 @@ def test_common_prices_take_the_machine_speed_out_of_a_comparison(bench):
             last = plan
         return steps
 
-    deep = [(12, 2)] * 10  # 4 requests: 3 tokens each a step, 11 ms a step
+    deep = [(12, 2)] * 10  # 4 requests: 3 tokens each a step, 12 ms a step
     shallow = [(8, 1)] * 15  # 2 tokens each, 9 ms a step
     runs = {"fast": [repeat(deep, 1.0)], "slow": [repeat(deep, 1.5)],
             "shallow": [repeat(shallow, 1.0), repeat(shallow, 1.5)]}
@@ -205,7 +206,7 @@ def test_common_prices_take_the_machine_speed_out_of_a_comparison(bench):
         priced["fast"], priced["slow"])
     assert (n_fast, tok_fast) == (10, 4 + 9 * 12)  # the first step verified no draft
     assert ms_fast == ms_slow and own_slow == pytest.approx(1.5 * own_fast)
-    steps, ms, tokens, _ = priced["shallow"]
+    _, ms, tokens, _ = priced["shallow"]
     assert ms / tokens > ms_fast / tok_fast
 
 
