@@ -12,10 +12,19 @@ run times every policy in one rotated round, so repeat i of two policies ran min
 most; the repeats are paired by that round.
 
     python benchmarks/grid_ratios.py DIR/sharegpt DIR/humaneval DIR/math [--policy dynamic:7]
+    # two runs of the same code, pooled cell by cell
+    python benchmarks/grid_ratios.py RUN1/{sharegpt,humaneval,math} RUN2/{sharegpt,humaneval,math}
 
-Each argument is a serve.json or the folder holding one (`lightspec-bench serve --out`). Prints
-a Markdown table (one row per workload and concurrency), how many cells reach 0.95 and 1.0
-each way, and flags a cell whose speculative output differed from plain decoding.
+Each argument is a serve.json or the folder holding one (`lightspec-bench serve --out`),
+named by its folder. Prints a Markdown table (one row per workload and concurrency), how many
+cells reach 0.95 and 1.0 each way, and flags a cell whose speculative output differed from
+plain decoding.
+
+Runs of one workload given together (the same folder name) are pooled. On this machine two
+identical engines in one run read up to 10% apart, so one run's cell cannot place it on
+either side of a 0.95 bar. Each run's repeats stay paired by its own rounds. A cell is read
+over the repeats of every run that served it, for the policies that all of them ran. Pool
+only runs of the same code.
 """
 
 from __future__ import annotations
@@ -80,18 +89,30 @@ def cell_ratios(runs: dict[str, list[float]], policy: str) -> dict:
 
 
 def grid(results: list[tuple[str, list[dict]]], policy: str) -> list[dict]:
-    """One entry per (workload, concurrency) that served `policy`: its ratios, and whether
-    every row of the cell was token-identical to plain decoding where that was checked."""
-    cells = []
+    """One entry per (workload, concurrency) that served `policy`, over every run of it in
+    `results` (pooled): its ratios, how many runs it pools, and whether every row of the cell
+    was token-identical to plain decoding where that was checked."""
+    runs: dict[tuple[str, int], list[list[dict]]] = {}  # (workload, c) -> each run's rows
     for workload, rows in results:
         for c in dict.fromkeys(r["concurrency"] for r in rows):
             cell = [r for r in rows if r["concurrency"] == c]
-            if not any(r["policy"] == policy for r in cell):
-                continue
-            cells.append({"workload": workload, "concurrency": c,
-                          "identical": all(r.get("identical_to_none", True) for r in cell),
-                          **cell_ratios(paired(cell), policy)})
+            if any(r["policy"] == policy for r in cell):
+                runs.setdefault((workload, c), []).append(cell)
+    cells = []
+    for (workload, c), cell_runs in runs.items():
+        cells.append({"workload": workload, "concurrency": c, "runs": len(cell_runs),
+                      "identical": all(r.get("identical_to_none", True)
+                                       for cell in cell_runs for r in cell),
+                      **cell_ratios(pooled(cell_runs), policy)})
     return cells
+
+
+def pooled(cell_runs: list[list[dict]]) -> dict[str, list[float]]:
+    """Policy -> its tok/s per repeat over several runs of one cell: each run's repeats paired
+    by its rounds (`paired`), run after run, for the policies every run served."""
+    each = [paired(cell) for cell in cell_runs]
+    common = [k for k in each[0] if all(k in runs for runs in each[1:])]
+    return {k: [x for runs in each for x in runs[k]] for k in common}
 
 
 def report(cells: list[dict], policy: str) -> str:
@@ -100,7 +121,8 @@ def report(cells: list[dict], policy: str) -> str:
     for x in cells:
         held = "-" if x["held_out"] is None else f"{x['held_out']:.3f}"
         flag = "" if x["identical"] else " (output differs from plain decoding)"
-        lines.append(f"| {x['workload']} | {x['concurrency']} | {x['repeats']} | "
+        repeats = x["repeats"] if x.get("runs", 1) == 1 else f"{x['repeats']} ({x['runs']} runs)"
+        lines.append(f"| {x['workload']} | {x['concurrency']} | {repeats} | "
                      f"{x['in_sample']:.3f} ({x['best']}){flag} | {held} |")
     for key, label in (("in_sample", "in sample"), ("held_out", "held out")):
         values = [x[key] for x in cells if x[key] is not None]

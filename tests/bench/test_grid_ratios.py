@@ -51,3 +51,29 @@ def test_a_cell_whose_output_differs_is_flagged_and_fails(bench, tmp_path, capsy
     assert "| math | 1 | 2 | 1.039 (static:3) |" in out  # 119.5 / 115
     assert "| math | 4 | 2 | 1.186 (none) (output differs from plain decoding) | 1.187 |" in out
     assert "in sample: 2 of 2 cells >= 0.95, 2 >= 1.0" in out
+
+
+def test_runs_of_one_workload_pool_cell_by_cell(bench, tmp_path, capsys):
+    # Two runs of the same code: dynamic 0.95x plain decoding in one, 1.10x in the other. Each
+    # run alone reads its own side of the bar; pooled, the cell is read over all four repeats.
+    # A policy one run did not serve is left out of the pooled cell, and a concurrency only
+    # one run served is read from that run.
+    first, second = tmp_path / "a" / "math", tmp_path / "b" / "math"
+    for folder in (first, second):
+        folder.mkdir(parents=True)
+    (first / "serve.json").write_text(json.dumps({"rows": [
+        row("none", [100.0, 100.0]), row("dynamic:7", [95.0, 95.0])]}))
+    (second / "serve.json").write_text(json.dumps({"rows": [
+        row("none", [100.0, 100.0], rounds=[3, 4]), row("dynamic:7", [110.0, 110.0], rounds=[4, 3]),
+        row("static:3", [200.0, 200.0], rounds=[3, 4]),
+        row("none", [50.0, 50.0], c=4), row("dynamic:7", [49.0, 49.0], c=4)]}))
+    cells = bench.grid([bench.load(str(first)), bench.load(str(second))], "dynamic:7")
+    pooled, alone = cells
+    assert (pooled["concurrency"], pooled["runs"], pooled["repeats"]) == (1, 2, 4)
+    assert pooled["best"] == "none" and pooled["in_sample"] == pytest.approx(1.025)
+    assert (alone["concurrency"], alone["runs"]) == (4, 1)
+    assert alone["in_sample"] == pytest.approx(0.98)
+    assert bench.main([str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "| math | 1 | 4 (2 runs) | 1.025 (none) |" in out
+    assert "| math | 4 | 2 | 0.980 (none) | 0.980 |" in out
