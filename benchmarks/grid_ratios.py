@@ -121,7 +121,7 @@ def report(cells: list[dict], policy: str) -> str:
     for x in cells:
         held = "-" if x["held_out"] is None else f"{x['held_out']:.3f}"
         flag = "" if x["identical"] else " (output differs from plain decoding)"
-        repeats = x["repeats"] if x.get("runs", 1) == 1 else f"{x['repeats']} ({x['runs']} runs)"
+        repeats = x["repeats"] if x["runs"] == 1 else f"{x['repeats']} ({x['runs']} runs)"
         lines.append(f"| {x['workload']} | {x['concurrency']} | {repeats} | "
                      f"{x['in_sample']:.3f} ({x['best']}){flag} | {held} |")
     for key, label in (("in_sample", "in sample"), ("held_out", "held out")):
