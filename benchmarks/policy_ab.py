@@ -53,8 +53,9 @@ forty-third session's column refresh ended).
     python benchmarks/policy_ab.py --workload math --concurrency 64 --num-prompts 256 \
         old=dynamic:7,planner_at=HEAD new=dynamic:7
 
-Per variant it prints throughput (mean, per repeat, against the first variant, and the range of
-its ratio to the first variant repeat by repeat: the two ran minutes apart at most), the host and
+Per variant it prints throughput (mean, per repeat, against the first variant, the range and
+median of its ratio to the first variant repeat by repeat - the two ran minutes apart at most -
+and a 95% interval of the ratio of means from the repeats resampled in pairs), the host and
 planner ms per decode step, the draft depths chosen, and where the wall time went by kind of
 step - `prefill` (the step also ran a prompt chunk), `full` (decode only, at least 3/4 of the
 concurrency decoding), `tail` (decode only, fewer) - with tokens per ms in each, and the share
@@ -271,6 +272,21 @@ def force_depth(engine, depth: int, label: str) -> None:
     planner.options = dataclasses.replace(planner.options, explore_fraction=0.0)
 
 
+def ratio_interval(tok_s, reference, *, draws: int = 4000, seed: int = 0
+                   ) -> tuple[float, float, float]:
+    """(median of the per-repeat ratios, and the 2.5th and 97.5th percentiles of the ratio of
+    mean tok/s) of a variant's repeats ([R] tok/s) to the reference's ([R], the same repeats):
+    the repeats resampled with replacement, each kept with its reference (a paired bootstrap).
+    On this shared machine one repeat of a variant can run 0.7-1.35x the reference beside it,
+    so a ratio of means over a few repeats moves by 5% or more between runs; the interval says
+    how far this run's can be trusted."""
+    v, r = np.asarray(tok_s, float), np.asarray(reference, float)
+    picks = np.random.default_rng(seed).integers(0, len(v), size=(draws, len(v)))  # [draws, R]
+    means = v[picks].mean(axis=1) / r[picks].mean(axis=1)  # [draws]
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(np.median(v / r)), float(lo), float(hi)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variants", nargs="+", type=parse_variant,
@@ -348,9 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     for label in labels:
         _, repeats, tok_s, _ = runs[label]
         s = summarize(repeats, c)
+        mid, lo, hi = ratio_interval(tok_s, first)
         print(f"{label:>12s} {np.mean(tok_s):8.1f} [{' '.join(f'{x:.0f}' for x in tok_s)}] "
               f"x{np.mean(tok_s) / reference:.3f} (per repeat "
-              f"{np.min(tok_s / first):.3f}-{np.max(tok_s / first):.3f})  "
+              f"{np.min(tok_s / first):.3f}-{np.max(tok_s / first):.3f}, median {mid:.3f}; "
+              f"95% {lo:.3f}-{hi:.3f})  "
               f"host ms/step {s['host_ms']:.2f} (planner "
               f"{s['plan_ms']:.2f})  depths {s['depths']}  trimmed {s['trimmed']:.0%}")
         print(" " * 13 + "  ".join(f"{k}: {n} steps {ms:.0f} ms {t} tok ({t / ms:.2f}/ms)"

@@ -274,3 +274,24 @@ def test_planner_cpu_time_times_every_planner_call_of_each_variant(bench, capsys
     for label in ("static:2 plan", "static:2 observe", "dynamic:3 plan", "dynamic:3 observe"):
         row = re.search(rf"{label}\s+(\d+) calls\s+(\d+) /\s+(\d+)", table)
         assert row and int(row.group(1)) > 0, (label, table)
+
+
+def test_the_ratio_interval_is_paired_by_repeat_and_narrows_with_repeats(bench):
+    rng = np.random.default_rng(3)
+    # The machine's speed moves both variants of a repeat alike: paired, the interval sees
+    # only the variant's own spread around its true ratio (0.9), however far the speed moves
+    # (resampled unpaired, the speeds' 0.6-1.4 spread alone would make it ~0.4 wide).
+    speed = rng.uniform(0.6, 1.4, size=200)
+    reference = 1000.0 * speed
+    variant = 900.0 * speed * rng.normal(1.0, 0.05, size=200)
+    for n in (8, 200):
+        mid, lo, hi = bench.ratio_interval(variant[:n], reference[:n])
+        of_means = variant[:n].mean() / reference[:n].mean()
+        assert lo < of_means < hi and lo < mid < hi
+        assert abs(mid - 0.9) < 0.05 and abs(of_means - 0.9) < 0.05
+    wide = bench.ratio_interval(variant[:8], reference[:8])
+    assert wide[2] - wide[1] < 0.1
+    assert hi - lo < (wide[2] - wide[1]) / 2  # 25x the repeats: a narrower interval
+    assert hi - lo > 0.005 and lo < 0.9 < hi
+    # Identical readings: no spread at all.
+    assert bench.ratio_interval(reference[:5], reference[:5]) == (1.0, 1.0, 1.0)
