@@ -65,12 +65,14 @@ prompt rows, verify rows and draft rows in it (least squares): what a verify row
 beside a prompt chunk and without one; and the full decode steps' periods by the plan that ran
 them (the depth drafted before, verified, drafted), "floor" for steps inside a run at the
 floor - what a floor step costs a dynamic engine beside a forced floor's or plain decoding's.
-Last, where two or more variants run one policy (planner variants, say), their full decode
-steps priced at common prices (step_kinds.common_prices): each step at the median period of its
-cell over all of them and every repeat, so that what they chose is compared without the
-machine's speed at the times each ran. Only variants of one policy share prices (and replayed
-plans served idle form their own group): a static policy's planner costs a step less host time
-than the dynamic one's, in the same cell. Two identical dynamic engines read 0.99-1.02x apart
+With three variants or more, each one's ratio to the best of the others in the run (the
+bar a dynamic policy is held to), with the same interval. Last, where two or more variants
+run one policy (planner variants, say), their full decode steps priced at common prices
+(step_kinds.common_prices): each step at the median period of its cell over all of them and
+every repeat, so that what they chose is compared without the machine's speed at the times
+each ran. Only variants of one policy share prices (and replayed plans served idle form their
+own group): a static policy's planner costs a step less host time than the dynamic one's, in
+the same cell. Two identical dynamic engines read 0.99-1.02x apart
 this way at c = 1 and 4, where measured they ran 0.93-1.05x apart; at c = 16 most steps carry
 a prompt chunk and few are priced (BENCHMARKS.md, fifty-second session).
 """
@@ -376,6 +378,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.periods:
             for line in period_fit(repeats) + plan_periods(repeats, c)[:8]:
                 print(" " * 13 + line)
+    if len(labels) > 2:
+        # The bar a dynamic policy is held to: each variant over the best of the others in
+        # this run (by mean tok/s), paired repeat by repeat as above.
+        print("each variant over the best other one (x, median, 95% of the ratio of means):")
+        means = {label: np.mean(runs[label][2]) for label in labels}
+        for label in labels:
+            best = max((m, other) for other, m in means.items() if other != label)[1]
+            mid, lo, hi = ratio_interval(runs[label][2], runs[best][2])
+            print(f"{label:>12s} x{means[label] / means[best]:.3f} {best} (median {mid:.3f}; "
+                  f"95% {lo:.3f}-{hi:.3f})")
     # a planner that plans and one replaying plans idle cost a step different host time
     policies = {v.label: (v.policy, "idle" if v.replay_plans and not v.planner_busy else "")
                 for v in args.variants}

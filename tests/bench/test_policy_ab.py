@@ -212,12 +212,22 @@ def test_common_prices_take_the_machine_speed_out_of_a_comparison(bench):
 
 def test_planner_variants_agree_token_for_token(bench, capsys):
     code = bench.main(["--workload", "math", "--concurrency", "2", "--num-prompts", "3",
-                       "--max-tokens", "6", "--repeats", "2", "static:2",
+                       "--max-tokens", "6", "--repeats", "2", "static:2", "none",
                        "d1=dynamic:3,force_depth=1,calibrate=false"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "every variant's output equals static:2's" in out
     assert "depths {1:" in out.split("d1 ")[1]  # the forced depth is what it drafted
+    # Each variant against the best of the others, never itself, with its interval.
+    against = out.split("each variant over the best other one")[1].splitlines()[1:4]
+    means = {label: float(re.search(rf"^\s*{re.escape(label)}\s+([0-9.]+) \[", out,
+                                    re.M).group(1)) for label in ("static:2", "none", "d1")}
+    for line in against:
+        label, ratio, best = re.match(r"\s*(\S+) x([0-9.]+) (\S+) \(median", line).groups()
+        assert best != label and means[best] == max(m for k, m in means.items() if k != label)
+        assert abs(float(ratio) - means[label] / means[best]) < 2e-3
+        lo, hi = map(float, re.search(r"95% ([0-9.]+)-([0-9.]+)\)", line).groups())
+        assert lo <= hi
 
 
 def test_replayed_plans_count_the_batches_they_do_not_fit(bench):
