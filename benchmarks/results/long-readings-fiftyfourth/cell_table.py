@@ -18,7 +18,7 @@ cells = [("sharegpt", 1, ["sharegpt_c1"]), ("sharegpt", 4, ["sharegpt_c4", "shar
          ("humaneval", 1, ["humaneval_c1"]), ("humaneval", 4, ["humaneval_c4"]),
          ("humaneval", 16, ["humaneval_c16"]), ("humaneval", 64, ["humaneval_c64"]),
          ("math", 1, ["math_c1"]), ("math", 4, ["math_c4"]), ("math", 16, ["math_c16"]),
-         ("math", 64, ["math_c64"]), ("math, n-gram", 16, ["ngram_math_c16"])]
+         ("math", 64, ["math_c64"]), ("math, n-gram", 16, ["ngram_math_c16", "ngram_math_c16_exploration"])]
 def load(name):
     runs = {}
     for line in open(D + name + ".txt"):
