@@ -18,7 +18,7 @@ policy) and a new one takes each ended one's place, so the batch gains and loses
 every step, as a serving batch does; the warm-up is then at least HI steps. A policy
 `NAME:K@REV` plans with the planner package of git revision REV (planner_replay.planner_at),
 to compare a planner change with its predecessor side by side, and `dynamic:K/dD` drafts D
-after every step (policy_ab.force_depth: what each depth really costs the loop, against the
+after every step (ab_variants.force_depth: what each depth really costs the loop, against the
 planner's free choice):
 
     python benchmarks/host_overhead.py --concurrency 64 --repeats 6 \
@@ -82,7 +82,7 @@ def build_engine(policy: str, concurrency: int, max_model_len: int, **config):
         finally:
             planning_module.make_planner = today
     if forced:
-        from policy_ab import force_depth
+        from ab_variants import force_depth
 
         force_depth(engine, int(forced), f"{policy}/d{forced}")
     return engine

@@ -19,7 +19,7 @@ def bench():
     folder = os.path.join(ROOT, "benchmarks")
     sys.path.insert(0, folder)  # as for the script: it imports its step accounting from there
     try:
-        yield load_benchmark("policy_ab", register=True)  # its dataclass looks it up there
+        yield load_benchmark("policy_ab", register=True)  # planner_cpu_time imports it
     finally:
         sys.modules.pop("policy_ab", None)
         sys.path.remove(folder)
