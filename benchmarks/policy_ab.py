@@ -65,8 +65,10 @@ prompt rows, verify rows and draft rows in it (least squares): what a verify row
 beside a prompt chunk and without one; and the full decode steps' periods by the plan that ran
 them (the depth drafted before, verified, drafted), "floor" for steps inside a run at the
 floor - what a floor step costs a dynamic engine beside a forced floor's or plain decoding's.
-With three variants or more, each one's ratio to the best of the others in the run (the
-bar a dynamic policy is held to), with the same interval. Last, where two or more variants
+With `--by-size`, the decode steps by how many requests they decoded
+(step_kinds.by_batch_size): where a wave is admitted or drains, at what price a token. With
+three variants or more, each one's ratio to the best of the others in the run (the bar a
+dynamic policy is held to), with the same interval. Last, where two or more variants
 run one policy (planner variants, say), their full decode steps priced at common prices
 (step_kinds.common_prices): each step at the median period of its cell over all of them and
 every repeat, so that what they chose is compared without the machine's speed at the times
@@ -92,7 +94,7 @@ import numpy as np
 from ab_variants import build, keep_tables_apart, parse_variant  # noqa: F401
 from paired_ratios import over_best, ratio_interval
 from replayed_plans import ReplayedPlans, replay_plans  # noqa: F401
-from step_kinds import common_prices, period_fit, plan_periods, summarize
+from step_kinds import by_batch_size, common_prices, period_fit, plan_periods, summarize
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--periods", action="store_true",
                         help="fit each variant's step periods by kind of step")
+    parser.add_argument("--by-size", action="store_true",
+                        help="break each variant's decode steps down by requests decoded")
     parser.add_argument("--drafter", default=None,
                         help="the drafter's folder (default: the pair's drafter/; e.g. the "
                         "shipped pair's draft-lm/ or dflash/)")
@@ -183,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                                    for k, (n, ms, t) in sorted(s["kinds"].items()) if ms > 0))
         if args.periods:
             for line in period_fit(repeats) + plan_periods(repeats, c)[:8]:
+                print(" " * 13 + line)
+        if args.by_size:
+            for line in by_batch_size(repeats, c):
                 print(" " * 13 + line)
     if len(labels) > 2:
         # The bar a dynamic policy is held to: each variant over the best of the others in

@@ -1,8 +1,9 @@
 """What a policy_ab variant's steps cost, from the step records it observed: wall time,
 tokens and steps by kind of step, host and planner ms, the depths drafted, and a least-squares
 fit of the loop's period on the rows of each step, and the full decode steps' periods by the
-plan they ran (policy_ab.py --periods); and what each variant's full decode steps would cost at
-prices common to every variant of the run (`common_prices`).
+plan they ran (policy_ab.py --periods); the decode steps by how many requests they decoded
+(`by_batch_size`, --by-size); and what each variant's full decode steps would cost at prices
+common to every variant of the run (`common_prices`).
 
 A step's record: (read time s, StepRecord, StepPlan) of each step read back, per repeat.
 """
@@ -80,6 +81,34 @@ def plan_periods(repeats: list[list], concurrency: int) -> list[str]:
         name = "floor" if cell == (0, 0, 0) else "drafted {} verified {} drafts {}".format(*cell)
         out.append(f"{name}: {len(xs)} steps, period {ms.mean():.2f} ms (median "
                    f"{np.median(ms):.2f}), {tokens.sum() / ms.sum():.2f} tok/ms")
+    return out
+
+
+def by_batch_size(repeats: list[list], concurrency: int) -> list[str]:
+    """Each decode-only step after a decode-only read-back, by how many requests it decoded:
+    bands from each power of two up to the next, and the full concurrency apart. Per band:
+    steps, period ms a step, tokens a step, tokens per ms and the depths the steps verified.
+    As a wave is admitted or drains, steps decode fewer requests than the concurrency; a
+    policy whose requests finish on different steps spends more of its time there, and this
+    says at what price a token (policy_ab.py --by-size)."""
+    bands = collections.defaultdict(lambda: [0, 0.0, 0, collections.Counter()])
+    for steps in repeats:
+        for (before, previous, _), (when, record, plan) in zip(steps, steps[1:]):
+            n = record.num_requests
+            if plan is None or not n or record.prefill_rows or previous.prefill_rows:
+                continue
+            band = bands[concurrency if n >= concurrency else 1 << (n.bit_length() - 1)]
+            band[0] += 1
+            band[1] += 1e3 * (when - before)
+            band[2] += record.emitted
+            band[3][plan.verified_depth] += 1
+    out = []
+    for lo, (count, ms, tokens, depths) in sorted(bands.items()):
+        hi = lo if lo == concurrency else min(2 * lo, concurrency) - 1
+        size = f"N {lo}" if lo == hi else f"N {lo}-{hi}"
+        out.append(f"{size}: {count} steps, {ms / count:.2f} ms a step, {tokens / count:.1f} "
+                   f"tok a step, {tokens / ms:.2f} tok/ms, verified depths "
+                   f"{dict(sorted(depths.items()))}")
     return out
 
 

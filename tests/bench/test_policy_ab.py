@@ -178,6 +178,31 @@ def test_full_steps_are_timed_by_the_plan_that_ran_them(bench):
         "drafted 0 verified 0 drafts 2: 1 steps, period 12.00 ms (median 12.00), 0.33 tok/ms"]
 
 
+def test_decode_steps_are_broken_down_by_the_requests_they_decoded(bench):
+    """by_batch_size: each decode-only step after a decode-only read-back falls in the band
+    of its request count (powers of two; the full concurrency apart), with its period, tokens
+    and the depth it verified; prompt-chunk steps, the step after one and empty steps are
+    left out."""
+    t, steps = 0.0, []
+    # (period ms, prompt rows, requests, depth verified, tokens emitted)
+    script = [(5.0, 0, 8, 0, 8), (10.0, 0, 8, 0, 8), (12.0, 0, 8, 2, 20), (30.0, 64, 6, 0, 6),
+              (9.0, 0, 6, 0, 6), (8.0, 0, 6, 1, 10), (4.0, 0, 5, 1, 8), (3.0, 0, 3, 0, 3),
+              (2.0, 0, 1, 3, 4), (1.0, 0, 0, 0, 0)]
+    for period, prompt, n, verified, emitted in script:
+        t += period / 1e3
+        record = types.SimpleNamespace(prefill_rows=prompt, num_requests=n, emitted=emitted)
+        plan = types.SimpleNamespace(verified_depth=verified)
+        steps.append((t, record, plan))
+    # The first step starts the clock; the prompt-chunk step (30 ms) and the one after it
+    # (9 ms) are no samples, nor is the empty last step.
+    assert bench.by_batch_size([steps], concurrency=8) == [
+        "N 1: 1 steps, 2.00 ms a step, 4.0 tok a step, 2.00 tok/ms, verified depths {3: 1}",
+        "N 2-3: 1 steps, 3.00 ms a step, 3.0 tok a step, 1.00 tok/ms, verified depths {0: 1}",
+        "N 4-7: 2 steps, 6.00 ms a step, 9.0 tok a step, 1.50 tok/ms, verified depths {1: 2}",
+        "N 8: 2 steps, 11.00 ms a step, 14.0 tok a step, 1.27 tok/ms, verified depths "
+        "{0: 1, 2: 1}"]
+
+
 def test_common_prices_take_the_machine_speed_out_of_a_comparison(bench):
     """common_prices: two variants drafting alike but run while the machine ran at different
     speeds price alike; one that commits its tokens in more, cheaper steps prices by what
