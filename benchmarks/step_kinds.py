@@ -93,13 +93,11 @@ def by_batch_size(repeats: list[list], concurrency: int) -> list[str]:
     says at what price a token (policy_ab.py --by-size)."""
     bands = collections.defaultdict(lambda: [0, 0.0, 0, collections.Counter()])
     for steps in repeats:
-        for (before, previous, _), (when, record, plan) in zip(steps, steps[1:]):
+        for ms, record, plan, _ in _decode_steps(steps):
             n = record.num_requests
-            if plan is None or not n or record.prefill_rows or previous.prefill_rows:
-                continue
             band = bands[concurrency if n >= concurrency else 1 << (n.bit_length() - 1)]
             band[0] += 1
-            band[1] += 1e3 * (when - before)
+            band[1] += ms
             band[2] += record.emitted
             band[3][plan.verified_depth] += 1
     out = []
@@ -112,15 +110,22 @@ def by_batch_size(repeats: list[list], concurrency: int) -> list[str]:
     return out
 
 
-def _full_decode_steps(steps: list, concurrency: int):
-    """(period ms, StepRecord, its plan, the previous step's plan) of each full decode step of
-    a repeat: decode only, at least 3/4 of the concurrency decoding, after a decode-only
-    read-back."""
+def _decode_steps(steps: list):
+    """(period ms, StepRecord, its plan, the previous step's plan) of each decode step of a
+    repeat that decoded requests, ran no prompt chunk and came after a decode-only read-back:
+    its period holds the drafting before it and its verify, nothing else."""
     for (before, previous, last), (when, record, plan) in zip(steps, steps[1:]):
-        if (plan is None or last is None or record.prefill_rows or previous.prefill_rows
-                or record.num_requests < 0.75 * concurrency):
+        if (plan is None or last is None or not record.num_requests or record.prefill_rows
+                or previous.prefill_rows):
             continue
         yield 1e3 * (when - before), record, plan, last
+
+
+def _full_decode_steps(steps: list, concurrency: int):
+    """_decode_steps with at least 3/4 of the concurrency decoding."""
+    for step in _decode_steps(steps):
+        if step[1].num_requests >= 0.75 * concurrency:
+            yield step
 
 
 def common_prices(runs: dict[str, list[list]], concurrency: int) -> dict[str, tuple]:
