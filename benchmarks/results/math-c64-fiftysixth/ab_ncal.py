@@ -1,0 +1,56 @@
+"""(Scratch, kept with its results: run from the repository root as
+    python benchmarks/results/math-c64-fiftysixth/ab_ncal.py POLICY_AB_ARGS)
+policy_ab where dynamic variants labelled *ncal* keep the whole-step calibration
+(planner/calibration.py) per band of requests decoded (N in 1, 2-3, 4-7, ..., 64+): a step's
+period calibrates, and a plan is priced with, the calibration of its own N's band. Variants
+labelled *wide* clip the calibration's factors to [0.5, 3] instead of [2/3, 1.5]."""
+import sys
+sys.path.insert(0, "benchmarks")
+import ab_variants
+import policy_ab
+from lightspec_jax.planner.calibration import StepCalibration
+
+orig_build = ab_variants.build
+BOUNDS = [(2.0 / 3.0, 1.5)]
+
+
+def band(n):
+    return max(int(n), 1).bit_length()
+
+
+def by_size(planner):
+    cals = {}
+
+    def use(n):
+        cal = cals.get(band(n))
+        if cal is None:
+            cal = cals[band(n)] = StepCalibration(bounds=BOUNDS[0])
+        if planner.calibration is not cal:
+            planner.calibration = cal
+            planner._scale_cache = None
+
+    plan, period = planner._plan, planner.observe_period
+
+    def _plan(*, n, **kw):
+        use(n)
+        return plan(n=n, **kw)
+
+    def observe_period(*, plan, period_ms):
+        use(plan.num_requests)
+        return period(plan=plan, period_ms=period_ms)
+
+    planner._plan, planner.observe_period = _plan, observe_period
+
+
+def build(variant, *a, **k):
+    engine = orig_build(variant, *a, **k)
+    BOUNDS[0] = (0.5, 3.0) if "wide" in variant.label else (2.0 / 3.0, 1.5)
+    if "wide" in variant.label:
+        engine.planner.calibration = StepCalibration(bounds=BOUNDS[0])
+    if "ncal" in variant.label:
+        by_size(engine.planner)
+    return engine
+
+
+policy_ab.build = build
+policy_ab.main()
