@@ -3,12 +3,14 @@
 policy_ab where dynamic variants labelled *ncal* keep the whole-step calibration
 (planner/calibration.py) per band of requests decoded (N in 1, 2-3, 4-7, ..., 64+): a step's
 period calibrates, and a plan is priced with, the calibration of its own N's band. Variants
-labelled *wide* clip the calibration's factors to [0.5, 3] instead of [2/3, 1.5]."""
+labelled *wide* clip the calibration's factors to [0.5, 3] instead of [2/3, 1.5]. Variants
+labelled *tcal* keep the token calibration (calibration.TokenCalibration) per band of N
+the same way."""
 import sys
 sys.path.insert(0, "benchmarks")
 import ab_variants
 import policy_ab
-from lightspec_jax.planner.calibration import StepCalibration
+from lightspec_jax.planner.calibration import StepCalibration, TokenCalibration
 
 orig_build = ab_variants.build
 BOUNDS = [(2.0 / 3.0, 1.5)]
@@ -42,6 +44,25 @@ def by_size(planner):
     planner._plan, planner.observe_period = _plan, observe_period
 
 
+def tokens_by_size(planner):
+    cals = {}
+
+    def use(n):
+        planner.tokens = cals.setdefault(band(n), TokenCalibration())
+
+    plan, observe = planner._plan, planner.observe
+
+    def _plan(*, n, **kw):
+        use(n)
+        return plan(n=n, **kw)
+
+    def observe_(obs):
+        use(obs.plan.num_requests)
+        return observe(obs)
+
+    planner._plan, planner.observe = _plan, observe_
+
+
 def build(variant, *a, **k):
     engine = orig_build(variant, *a, **k)
     BOUNDS[0] = (0.5, 3.0) if "wide" in variant.label else (2.0 / 3.0, 1.5)
@@ -49,6 +70,8 @@ def build(variant, *a, **k):
         engine.planner.calibration = StepCalibration(bounds=BOUNDS[0])
     if "ncal" in variant.label:
         by_size(engine.planner)
+    if "tcal" in variant.label:
+        tokens_by_size(engine.planner)
     return engine
 
 
