@@ -5,7 +5,8 @@ policy_ab where dynamic variants labelled *ncal* keep the whole-step calibration
 period calibrates, and a plan is priced with, the calibration of its own N's band. Variants
 labelled *wide* clip the calibration's factors to [0.5, 3] instead of [2/3, 1.5]. Variants
 labelled *tcal* keep the token calibration (calibration.TokenCalibration) per band of N
-the same way."""
+the same way, and print each band's factors by depth at exit."""
+import atexit
 import sys
 sys.path.insert(0, "benchmarks")
 import ab_variants
@@ -44,8 +45,12 @@ def by_size(planner):
     planner._plan, planner.observe_period = _plan, observe_period
 
 
-def tokens_by_size(planner):
+TOKEN_BANDS = []  # (variant label, {band: TokenCalibration})
+
+
+def tokens_by_size(planner, label):
     cals = {}
+    TOKEN_BANDS.append((label, cals))
 
     def use(n):
         planner.tokens = cals.setdefault(band(n), TokenCalibration())
@@ -71,9 +76,18 @@ def build(variant, *a, **k):
     if "ncal" in variant.label:
         by_size(engine.planner)
     if "tcal" in variant.label:
-        tokens_by_size(engine.planner)
+        tokens_by_size(engine.planner, variant.label)
     return engine
 
 
+def report():
+    for label, cals in TOKEN_BANDS:
+        print(f"{label}: the token calibration's factors on depths 1-7, by band of N")
+        for b, cal in sorted(cals.items()):
+            factors = " ".join(f"{x:.2f}" for x in cal.factors(list(range(1, 8))))
+            print(f"  N {2 ** (b - 1)}-{2 ** b - 1}: {factors}")
+
+
+atexit.register(report)
 policy_ab.build = build
 policy_ab.main()
