@@ -5,9 +5,11 @@ policy_ab where dynamic variants labelled *ncal* keep the whole-step calibration
 period calibrates, and a plan is priced with, the calibration of its own N's band. Variants
 labelled *wide* clip the calibration's factors to [0.5, 3] instead of [2/3, 1.5]. Variants
 labelled *tcal* keep the token calibration (calibration.TokenCalibration) per band of N
-the same way, and print each band's factors by depth at exit."""
+the same way. Each band's calibrations are printed at exit."""
 import atexit
 import sys
+
+import numpy as np
 sys.path.insert(0, "benchmarks")
 import ab_variants
 import policy_ab
@@ -21,8 +23,12 @@ def band(n):
     return max(int(n), 1).bit_length()
 
 
-def by_size(planner):
+STEP_BANDS = []  # (variant label, {band: StepCalibration})
+
+
+def by_size(planner, label=""):
     cals = {}
+    STEP_BANDS.append((label, cals))
 
     def use(n):
         cal = cals.get(band(n))
@@ -74,13 +80,22 @@ def build(variant, *a, **k):
     if "wide" in variant.label:
         engine.planner.calibration = StepCalibration(bounds=BOUNDS[0])
     if "ncal" in variant.label:
-        by_size(engine.planner)
+        by_size(engine.planner, variant.label)
     if "tcal" in variant.label:
         tokens_by_size(engine.planner, variant.label)
     return engine
 
 
 def report():
+    for label, cals in STEP_BANDS:
+        print(f"{label}: the step calibration by band of N - periods and the ratio "
+              "(measured / modelled) of the floor, drafting and all")
+        for b, cal in sorted(cals.items()):
+            cells = {k: v for k, v in cal._cells.items() if not isinstance(k, tuple)}
+            text = "  ".join(f"{name} {cells[k][1]} x{np.exp(cells[k][0]):.2f}"
+                             for k, name in ((False, "floor"), (True, "drafting"), ("all", "all"))
+                             if k in cells)
+            print(f"  N {2 ** (b - 1)}-{2 ** b - 1}: {text}")
     for label, cals in TOKEN_BANDS:
         print(f"{label}: the token calibration's factors on depths 1-7, by band of N")
         for b, cal in sorted(cals.items()):
