@@ -41,21 +41,14 @@ def timed(method, label: str, spent: dict):
 
 def main(argv: list[str] | None = None) -> int:
     spent = collections.defaultdict(lambda: [0, 0.0, 0.0])
-    build = policy_ab.build
 
-    def build_timed(variant, *args, **kwargs):
-        engine = build(variant, *args, **kwargs)
+    def time_planner(variant, engine):
         planner = engine.planning.planner
         for name in CALLS if planner is not None else ():
             setattr(planner, name, timed(getattr(planner, name), f"{variant.label} {name}",
                                          spent))
-        return engine
 
-    policy_ab.build = build_timed
-    try:
-        code = policy_ab.main(argv)
-    finally:
-        policy_ab.build = build
+    code = policy_ab.main_with(time_planner, argv)
     print("planner calls, us per call: wall / thread CPU")
     for label, (calls, wall, cpu) in spent.items():
         wall_us, cpu_us = 1e6 * wall / calls, 1e6 * cpu / calls

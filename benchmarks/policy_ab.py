@@ -230,5 +230,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def main_with(after_build, argv: list[str] | None = None) -> int:
+    """main() with after_build(variant, engine) called on each variant's engine once it is
+    built, before its warm-up: how a diagnosis wraps the planner it serves with
+    (planner_cpu_time.py, the scratch scripts kept with benchmark results)."""
+    global build
+    plain = build
+
+    def hooked(variant, *args, **kwargs):
+        engine = plain(variant, *args, **kwargs)
+        after_build(variant, engine)
+        return engine
+
+    build = hooked
+    try:
+        return main(argv)
+    finally:
+        build = plain
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,85 +5,64 @@ policy_ab where dynamic variants labelled *ncal* keep the whole-step calibration
 period calibrates, and a plan is priced with, the calibration of its own N's band. Variants
 labelled *wide* clip the calibration's factors to [0.5, 3] instead of [2/3, 1.5]. Variants
 labelled *tcal* keep the token calibration (calibration.TokenCalibration) per band of N
-the same way. Each band's calibrations are printed at exit."""
-import atexit
+the same way. Each band's calibrations are printed after the run."""
 import sys
 
 import numpy as np
-sys.path.insert(0, "benchmarks")
-import ab_variants
-import policy_ab
-from lightspec_jax.planner.calibration import StepCalibration, TokenCalibration
 
-orig_build = ab_variants.build
-BOUNDS = [(2.0 / 3.0, 1.5)]
+sys.path.insert(0, "benchmarks")
+import policy_ab  # noqa: E402
+from lightspec_jax.planner.calibration import StepCalibration, TokenCalibration  # noqa: E402
+
+STEP_BANDS = []  # (variant label, {band: StepCalibration})
+TOKEN_BANDS = []  # (variant label, {band: TokenCalibration})
 
 
 def band(n):
     return max(int(n), 1).bit_length()
 
 
-STEP_BANDS = []  # (variant label, {band: StepCalibration})
-
-
-def by_size(planner, label=""):
+def per_band(planner, attr, make, observer, plan_of):
+    """Keeps planner.<attr> (a calibration) per band of N: the band's own is swapped in
+    before each plan() and before each call of planner.<observer>, by the N of the plan that
+    call carries (plan_of). Returns {band: calibration}."""
     cals = {}
-    STEP_BANDS.append((label, cals))
 
     def use(n):
         cal = cals.get(band(n))
         if cal is None:
-            cal = cals[band(n)] = StepCalibration(bounds=BOUNDS[0])
-        if planner.calibration is not cal:
-            planner.calibration = cal
-            planner._scale_cache = None
+            cal = cals[band(n)] = make()
+        if getattr(planner, attr) is not cal:
+            setattr(planner, attr, cal)
+            planner._scale_cache = None  # priced with the calibration swapped out
 
-    plan, period = planner._plan, planner.observe_period
-
-    def _plan(*, n, **kw):
-        use(n)
-        return plan(n=n, **kw)
-
-    def observe_period(*, plan, period_ms):
-        use(plan.num_requests)
-        return period(plan=plan, period_ms=period_ms)
-
-    planner._plan, planner.observe_period = _plan, observe_period
-
-
-TOKEN_BANDS = []  # (variant label, {band: TokenCalibration})
-
-
-def tokens_by_size(planner, label):
-    cals = {}
-    TOKEN_BANDS.append((label, cals))
-
-    def use(n):
-        planner.tokens = cals.setdefault(band(n), TokenCalibration())
-
-    plan, observe = planner._plan, planner.observe
+    plan, observe = planner._plan, getattr(planner, observer)
 
     def _plan(*, n, **kw):
         use(n)
         return plan(n=n, **kw)
 
-    def observe_(obs):
-        use(obs.plan.num_requests)
-        return observe(obs)
+    def observed(*args, **kwargs):
+        use(plan_of(*args, **kwargs).num_requests)
+        return observe(*args, **kwargs)
 
-    planner._plan, planner.observe = _plan, observe_
+    planner._plan = _plan
+    setattr(planner, observer, observed)
+    return cals
 
 
-def build(variant, *a, **k):
-    engine = orig_build(variant, *a, **k)
-    BOUNDS[0] = (0.5, 3.0) if "wide" in variant.label else (2.0 / 3.0, 1.5)
-    if "wide" in variant.label:
-        engine.planner.calibration = StepCalibration(bounds=BOUNDS[0])
-    if "ncal" in variant.label:
-        by_size(engine.planner, variant.label)
-    if "tcal" in variant.label:
-        tokens_by_size(engine.planner, variant.label)
-    return engine
+def calibrate(variant, engine):
+    label, planner = variant.label, engine.planner
+    bounds = (0.5, 3.0) if "wide" in label else (2.0 / 3.0, 1.5)
+    if "wide" in label:
+        planner.calibration = StepCalibration(bounds=bounds)
+    if "ncal" in label:
+        STEP_BANDS.append((label, per_band(planner, "calibration",
+                                           lambda: StepCalibration(bounds=bounds),
+                                           "observe_period", lambda *, plan, **_: plan)))
+    if "tcal" in label:
+        TOKEN_BANDS.append((label, per_band(planner, "tokens", TokenCalibration, "observe",
+                                            lambda obs: obs.plan)))
 
 
 def report():
@@ -103,6 +82,5 @@ def report():
             print(f"  N {2 ** (b - 1)}-{2 ** b - 1}: {factors}")
 
 
-atexit.register(report)
-policy_ab.build = build
-policy_ab.main()
+policy_ab.main_with(calibrate)
+report()

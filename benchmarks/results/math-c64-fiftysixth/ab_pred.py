@@ -4,39 +4,36 @@ policy_ab where each dynamic variant's planner logs, for every step it observes,
 predicted ms and tokens (plan.predicted_ms: the cost model's, before the whole-step
 calibration; plan.predicted_tokens: before the token calibration) beside the tokens the step
 committed and the wall time since the previous observe() call (under 200 ms apart: the loop's
-period, prompt work included where a step carried a chunk); printed at exit by requests
+period, prompt work included where a step carried a chunk); printed after the run by requests
 decoded (N)."""
-import atexit, collections, sys, time
+import collections
+import sys
+import time
+
 import numpy as np
+
 sys.path.insert(0, "benchmarks")
-import ab_variants
-import policy_ab
+import policy_ab  # noqa: E402
 
-LOG = collections.defaultdict(dict)  # label -> id(plan) -> record
-orig_build = ab_variants.build
+LOG = collections.defaultdict(list)  # label -> [record of each observed step]
 
 
-def build(variant, *a, **k):
-    engine = orig_build(variant, *a, **k)
+def log_steps(variant, engine):
     planner = engine.planner
     if planner is None or not hasattr(planner, "observe_period"):
-        return engine
-    log = LOG[variant.label]
-    obs, per = planner.observe, planner.observe_period
+        return
+    log, observe, last = LOG[variant.label], planner.observe, [None]
 
-    def observe(o):
+    def logged(obs):
         now = time.perf_counter()
-        last = log.get("last")
-        r = {"plan": o.plan, "tokens": int(np.sum(o.accept_lens))}
-        if last is not None and now - last < 0.2:
-            r["ms"] = 1e3 * (now - last)
-        log[len(log)] = r
-        out = obs(o)
-        log["last"] = now
-        return out
+        record = {"plan": obs.plan, "tokens": int(np.sum(obs.accept_lens))}
+        if last[0] is not None and now - last[0] < 0.2:
+            record["ms"] = 1e3 * (now - last[0])
+        log.append(record)
+        last[0] = now
+        return observe(obs)
 
-    planner.observe = observe
-    return engine
+    planner.observe = logged
 
 
 def report():
@@ -44,8 +41,8 @@ def report():
     for label, log in LOG.items():
         print(f"{label}: steps with a period and an outcome, by N "
               "(predicted vs measured: ms, tokens, tokens/ms)")
-        rows = [r for k, r in log.items() if k != "last" and "ms" in r and "tokens" in r
-                and np.isfinite(r["plan"].predicted_ms) and np.isfinite(r["plan"].predicted_tokens)]
+        rows = [r for r in log if "ms" in r and np.isfinite(r["plan"].predicted_ms)
+                and np.isfinite(r["plan"].predicted_tokens)]
         for lo, hi in edges:
             sel = [r for r in rows if lo <= r["plan"].num_requests <= hi]
             if not sel:
@@ -58,6 +55,5 @@ def report():
                   f"tok/ms {pt/pm:.2f} vs {mt/mm:.2f}  verified {dict(sorted(deep.items()))}")
 
 
-atexit.register(report)
-policy_ab.build = build
-policy_ab.main()
+policy_ab.main_with(log_steps)
+report()

@@ -3,19 +3,16 @@
 policy_ab where each dynamic variant's fresh decisions are taken apart: for the floor and
 for the cheapest drafting depth, stage 2's bucket, model ms (device and host, as the
 planner's cost model prices them), calibration scale and calibrated tokens; medians printed
-at exit by band of requests decoded (N)."""
-import atexit
+after the run by band of requests decoded (N)."""
 import collections
 import sys
 
 import numpy as np
 
 sys.path.insert(0, "benchmarks")
-import ab_variants  # noqa: E402
 import policy_ab  # noqa: E402
 
-ROWS = collections.defaultdict(list)  # (label, band) -> [(floor parts, drafting parts)]
-orig_build = ab_variants.build
+ROWS = collections.defaultdict(list)  # (label, band) -> [(floor parts, drafting parts, ...)]
 
 
 def band(n):
@@ -28,16 +25,17 @@ def parts(g, tokens, j, i):
             float(tokens[i, c]), float(j[i, c]))
 
 
-def build(variant, *a, **k):
-    engine = orig_build(variant, *a, **k)
+def log_prices(variant, engine):
     planner = engine.planner
     if planner is None or not hasattr(planner, "_next_depth"):
-        return engine
+        return
     decide = planner._next_depth
 
     def _next_depth(costs, n):
         out = decide(costs, n)
         g, depths = planner._stage2, planner._by_depth[0]
+        # Stage 2's calibrated tokens and prices (planner/lightspec.py, _next_depth), which it
+        # does not keep; without its mask of depths whose fill does not reach them.
         tokens = np.minimum(np.maximum(g.u * g.progress, n), g.full[:, None])
         if planner.options.calibrate_tokens:
             tokens = n + planner.tokens.factors(depths)[:, None] * (tokens - n)
@@ -50,7 +48,6 @@ def build(variant, *a, **k):
         return out
 
     planner._next_depth = _next_depth
-    return engine
 
 
 def report():
@@ -67,6 +64,5 @@ def report():
                   f"= {med(a, 5):.3f} ms a token")
 
 
-atexit.register(report)
-policy_ab.build = build
-policy_ab.main()
+policy_ab.main_with(log_prices)
+report()

@@ -2,38 +2,36 @@
     python benchmarks/results/math-c64-fiftysixth/ab_why.py POLICY_AB_ARGS)
 why dynamic drafts as the wave drains: each plan's reason and, for fresh
 decisions, stage 2's calibrated price per token of the floor against the depth it chose."""
-import atexit, collections, sys
+import collections
+import sys
+
 import numpy as np
+
 sys.path.insert(0, "benchmarks")
-import ab_variants
-import policy_ab
+import policy_ab  # noqa: E402
 
-REC = []
-orig_build = ab_variants.build
+REC = []  # (N, reason, depth drafted, stage 2's price by depth or None) of each plan
 
 
-def build(variant, *a, **k):
-    engine = orig_build(variant, *a, **k)
+def log_plans(variant, engine):
     planner = engine.planner
     if planner is None or not hasattr(planner, "_next_depth"):
-        return engine
-    nd, pl = planner._next_depth, planner._plan
-    last = {}
+        return
+    decide, plan_step = planner._next_depth, planner._plan
+    prices = [None]  # stage 2's, when this plan() call decided afresh
 
     def _next_depth(costs, n):
-        out = nd(costs, n)
-        last["prices"] = list(planner._by_depth[2])
-        last["choice"] = out[0]
+        out = decide(costs, n)
+        prices[0] = list(planner._by_depth[2])
         return out
 
     def _plan(*, n, **kw):
-        last.clear()
-        plan = pl(n=n, **kw)
-        REC.append((n, plan.reason, plan.draft_depth, last.get("prices"), last.get("choice")))
+        prices[0] = None
+        plan = plan_step(n=n, **kw)
+        REC.append((n, plan.reason, plan.draft_depth, prices[0]))
         return plan
 
     planner._next_depth, planner._plan = _next_depth, _plan
-    return engine
 
 
 def report():
@@ -51,6 +49,5 @@ def report():
               f"share > 1: {np.mean(np.array(ratios) > 1) if ratios else float('nan'):.2f}")
 
 
-atexit.register(report)
-policy_ab.build = build
-policy_ab.main()
+policy_ab.main_with(log_plans)
+report()

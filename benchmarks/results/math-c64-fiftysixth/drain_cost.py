@@ -2,7 +2,7 @@
     python benchmarks/results/math-c64-fiftysixth/drain_cost.py)
 Device time of decode steps on the shipped pair's dynamic runner (64 slots), N of them active
 with `ctx` tokens each: the floor's bucket against a drafting step's, median of 5 x 10."""
-import os, sys, time
+import os, time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np, jax.numpy as jnp
 from lightspec_jax import EngineConfig, SpeculativeConfig
