@@ -14,8 +14,11 @@ from lightspec_jax.models import Eagle3, Eagle3Config, Qwen3, Qwen3Config
 # Engines compile each step on first use: a test touches some of an engine's buckets only,
 # and with this the suite's workers compiled 677 programs instead of 784, 564 s instead of
 # 645 (BENCHMARKS.md, "Thirty-third session"). Compiling at start-up, the default, stays
-# covered by tests/engine/test_no_recompile.py and the multi-device check.
-BASE = dict(dtype="float32", max_model_len=80, max_num_batched_tokens=32,
+# covered by tests/engine/test_no_recompile.py and the multi-device check. Prompt chunks pad
+# to one 32-row bucket: each engine and sampling mode compiles one prefill program, not one
+# per row count its chunks happen to reach (8, 12, 16, 24, 32); chunking itself follows
+# max_num_batched_tokens, and the row buckets are tests/engine's and the benchmarks' to vary.
+BASE = dict(dtype="float32", max_model_len=80, max_num_batched_tokens=32, row_buckets=(32,),
             compilation_cache_dir=None, show_progress=False, compile_on_first_use=True)
 
 # name -> (slots N, depth K, verify buckets, drafter kind, corrupt rate[, policy]); every engine overlaps

@@ -31,7 +31,7 @@ ROWS = 64  # offline passes are padded to this many rows
 
 
 def _config(policy, **kw):
-    return EngineConfig(max_num_seqs=4, verify_buckets=BUCKETS, row_buckets=(32,),
+    return EngineConfig(max_num_seqs=4, verify_buckets=BUCKETS,
                         speculative=SpeculativeConfig(policy=policy, num_speculative_tokens=K,
                                                       method="dflash"),
                         refresh_costs=False, **{**BASE, **kw})

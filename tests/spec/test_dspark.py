@@ -35,7 +35,7 @@ def _config(policy, **kw):
     spec = dict(policy=policy, num_speculative_tokens=K, coupled_drafts=True)
     spec.update(kw.pop("spec", {}))
     return EngineConfig(**{**BASE, "max_num_seqs": 4, "verify_buckets": BUCKETS,
-                           "row_buckets": (32,), "refresh_costs": False, **kw},
+                           "refresh_costs": False, **kw},
                         speculative=SpeculativeConfig(**spec))
 
 
