@@ -32,6 +32,7 @@ class Variant:
     cost_table: str | None = None  # a cost-table file to start from, or "sweep" (None: cache)
     admission_interval: int = 1  # EngineConfig.admission_interval (any policy)
     prefill: str = "midpoints"  # prompt-chunk buckets: the benchmark's, or "pow2" (any policy)
+    ngram_shared: bool | None = None  # SpeculativeConfig.ngram_shared (None: its default)
 
     @property
     def tuned(self) -> bool:
@@ -57,6 +58,7 @@ def parse_variant(text: str) -> Variant:
     replay = busy = False
     source = table = None
     prefill = "midpoints"
+    shared = None
     for item in rest:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -98,6 +100,8 @@ def parse_variant(text: str) -> Variant:
             timed = int(parsed)
             if timed < 1:
                 raise argparse.ArgumentTypeError(f"variant {text!r}: floor_timed must be >= 1")
+        elif key == "ngram_shared":
+            shared = bool(parsed)
         elif key == "admission_interval":
             admission = int(parsed)
             if admission < 1:
@@ -117,7 +121,7 @@ def parse_variant(text: str) -> Variant:
                    force_depth=force, catch_up=catch_up, planner_at=revision,
                    floor_timed=timed, replay_plans=replay, planner_busy=busy,
                    plans_from=source, cost_table=table, admission_interval=admission,
-                   prefill=prefill)
+                   prefill=prefill, ngram_shared=shared)
 
 
 def build(variant: Variant, args, concurrency: int, longest: int):
@@ -147,7 +151,8 @@ def build(variant: Variant, args, concurrency: int, longest: int):
         engine = build_engine(args, policy=variant.policy, depth=variant.depth,
                               concurrency=concurrency, max_model_len=longest + args.max_tokens + 1,
                               longest_prompt=longest,
-                              admission_interval=variant.admission_interval, **config)
+                              admission_interval=variant.admission_interval,
+                              ngram_shared=variant.ngram_shared, **config)
     finally:
         planning_module.make_planner = today
         DraftLMDrafter.catches_up = True

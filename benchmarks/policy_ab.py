@@ -20,6 +20,8 @@ floor step in N a timing sample for the planner (engine.planning.FLOOR_TIMED; 1:
 while others decode (what gathering admissions into fewer prompt steps is worth).
 `prefill=pow2` (any policy) compiles the variant's prompt chunks at powers of two alone, the
 benchmark's rule before the midpoints (bench/serve.prefill_buckets) were added.
+`ngram_shared=false` (any policy, with `--drafter ngram`) keeps the n-gram drafter's lookup to
+each request's own tokens (`SpeculativeConfig.ngram_shared`; on by default).
 `replay_plans=true` lets the variant's planner decide one untimed pass over the prompts, then
 serves every timed repeat with those plans replayed, the planner idle (no plan() or observe()
 work): what the planner's host time costs the loop, its decisions held fixed. Greedy serving

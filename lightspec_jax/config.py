@@ -34,12 +34,17 @@ class SpeculativeConfig:
     # How drafts are made: "eagle3" | "dflash" | "dspark" | "draft_lm" (a checkpoint given as
     # the drafter; None: inferred from its config.json) or "ngram" (prompt lookup in the
     # request's own tokens, no model: speculation with only a target), matching n-grams of
-    # ngram_max down to ngram_min tokens. A "dflash" or "dspark" drafter drafts its whole
-    # block in one forward: num_speculative_tokens <= its block_size - 1 (dflash) or
-    # block_size (dspark, whose every block row drafts).
+    # ngram_max down to ngram_min tokens; with ngram_shared, a size that the request's own
+    # tokens do not match is looked up in the other requests' tokens too (those decoding
+    # beside it and the slots' earlier requests; None: on with exact verification, off with
+    # probabilistic, whose sampled output would then follow the other requests' text). A
+    # "dflash" or "dspark" drafter drafts its whole block in one forward:
+    # num_speculative_tokens <= its block_size - 1 (dflash) or block_size (dspark, whose
+    # every block row drafts).
     method: str | None = None
     ngram_min: int = 1
     ngram_max: int = 3
+    ngram_shared: bool | None = None
     # How a sampled request's drafts are verified. "exact": a draft is accepted when it equals
     # the target's own seeded sample - output identical to plain decoding with the same seeds.
     # "probabilistic": speculative rejection sampling against the drafter's distribution q
@@ -88,6 +93,16 @@ class SpeculativeConfig:
                 and 1 <= self.ngram_min <= self.ngram_max):
             raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got "
                              f"{self.ngram_min!r}, {self.ngram_max!r}")
+        if self.ngram_shared is not None and not isinstance(self.ngram_shared, bool):
+            raise ValueError(f"ngram_shared must be a bool or None, got {self.ngram_shared!r}")
+
+    @property
+    def shares_ngrams(self) -> bool:
+        """Whether an n-gram drafter looks up the other requests' tokens (ngram_shared, or
+        by default with exact verification)."""
+        if self.ngram_shared is not None:
+            return self.ngram_shared
+        return self.verification == "exact"
 
 
 def _default_cache_dir() -> str:

@@ -28,10 +28,11 @@ def auto_num_prompts(concurrency: int) -> int:
 
 def build_engine(args, *, policy: str, depth: int, concurrency: int, max_model_len: int,
                  longest_prompt: int, synthetic: str | None = None,
-                 verification: str = "exact", drafter: str | None = None, **config):
+                 verification: str = "exact", drafter: str | None = None,
+                 ngram_shared: bool | None = None, **config):
     """One engine for a (policy, depth) cell; `drafter` defaults to args.drafter (a
     directory or "ngram"); its prefill rows are prefill_buckets() unless `config` names
-    `row_buckets`."""
+    `row_buckets`. ngram_shared: SpeculativeConfig.ngram_shared."""
     from lightspec_jax import Engine, EngineConfig, SpeculativeConfig
     from lightspec_jax.engine.buckets import concurrency_buckets
 
@@ -41,7 +42,8 @@ def build_engine(args, *, policy: str, depth: int, concurrency: int, max_model_l
             SpeculativeConfig(policy=policy, num_speculative_tokens=depth,
                               method="ngram" if ngram else None,
                               verification="exact" if verification == "coupled" else
-                              verification, coupled_drafts=verification == "coupled"))
+                              verification, coupled_drafts=verification == "coupled",
+                              ngram_shared=ngram_shared))
     rows = config.pop("row_buckets", None) or prefill_buckets(concurrency, longest_prompt)
     config = EngineConfig(max_num_seqs=concurrency, max_model_len=max_model_len,
                           dtype=args.dtype, speculative=spec,

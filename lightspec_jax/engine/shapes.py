@@ -44,7 +44,8 @@ def engine_shapes(config: EngineConfig, model, drafter: Drafter | None) -> Engin
     spec = config.speculative
     speculative = spec.policy is not Policy.NONE
     if speculative and drafter is None and spec.method == "ngram":
-        drafter = NgramDrafter(min_n=spec.ngram_min, max_n=spec.ngram_max)
+        drafter = NgramDrafter(min_n=spec.ngram_min, max_n=spec.ngram_max,
+                                shared=spec.shares_ngrams)
     if speculative and drafter is None:
         raise ValueError(f"policy {spec.policy.value!r} needs a drafter "
                          "(drafter_path=... or drafter=..., or method='ngram', which needs "

@@ -153,13 +153,15 @@ def main() -> int:
     # statistics stay out of the verify step): dynamic at DP=2 equals plain decoding.
     for method, path in (("ngram", None), ("draft_lm", pair.draft_lm), ("dflash", pair.dflash)):
         t0 = time.perf_counter()
+        # The n-gram drafter with its shared lookup (the default) and 1-token matches: its hit
+        # rates, own and shared, are 2 (max_n + 1) = 4 long, as long as the 4 slots.
         spec = SpeculativeConfig(policy="dynamic", num_speculative_tokens=K,
-                                 method="ngram" if path is None else None)
+                                 method="ngram" if path is None else None, ngram_max=1)
         config = EngineConfig(**BASE, **layout_config("dp2"), speculative=spec,
                               verify_buckets=(4, 8, 12), cost_table_path=cost_path,
                               refresh_costs=False)
         engine = Engine.from_pretrained(pair.target, path, config=config)
-        if method == "ngram":  # hit rates [max_n + 1 = 4], as long as the 4 slots: still whole
+        if method == "ngram":  # hit rates [4], as long as the 4 slots: still whole
             hits = engine.runner.dcache.hits
             check(hits.shape == (4,) and hits.sharding.is_fully_replicated,
                   f"the n-gram hit rates {hits.shape} were split as per-slot: {hits.sharding}")

@@ -36,7 +36,7 @@ def draft(drafter, cache, last, seq_len, depth=4, drafting=None):
 
 
 def test_the_most_recent_longest_match_continues():
-    d = NgramDrafter(min_n=1, max_n=3)
+    d = NgramDrafter(min_n=1, max_n=3, shared=False)  # each slot's own tokens alone
     seqs = [[5, 6, 7, 8, 9, 5, 6, 7],  # "5 6 7" recurs: continue with 8 9 5 6 7 (known only)
             [1, 2, 3, 1, 2, 4, 1, 2],  # "1 2" twice: the later one (-> 4 1 2) wins
             [3, 9, 9, 9],  # self-overlapping repeats: 9 9 9 -> 9 (as far as known)
@@ -52,11 +52,61 @@ def test_the_most_recent_longest_match_continues():
 
 
 def test_depth_and_drafting_bound_the_proposal():
-    d = NgramDrafter(min_n=2, max_n=2)
+    d = NgramDrafter(min_n=2, max_n=2, shared=False)
     cache, last, seq_len = history(d, [[5, 6, 7, 8, 9, 5, 6]] * 2)
     _, prop = draft(d, cache, last, seq_len, depth=2, drafting=jnp.array([True, False]))
     assert np.asarray(prop.length).tolist() == [2, 0]
     assert np.asarray(prop.tokens)[0, :3].tolist() == [7, 8, 0]
+
+
+def test_shared_lookup_continues_other_requests_tokens():
+    """By default (`shared`), a size the slot's own history does not match is looked up in the
+    other slots' histories before a shorter size: the latest window followed by a known
+    token."""
+    d = NgramDrafter(min_n=1, max_n=3)
+    seqs = [[5, 6, 7, 8, 9, 5, 6, 7],  # own match "5 6 7" -> 8 9 5 6 7, as without sharing
+            [1, 2, 3, 1, 2, 4, 1, 2],
+            [4, 5, 6, 7],  # nothing of its own: slot 0's "5 6 7" (the one followed by 8)
+            [6, 1, 5, 6]]  # a shared "5 6" (the latest: slot 2's) before its own "6" -> 1
+    cache, last, seq_len = history(d, seqs)
+    _, prop = draft(d, cache, last, seq_len, depth=6)
+    tokens, length = np.asarray(prop.tokens), np.asarray(prop.length)
+    assert length.tolist() == [5, 3, 5, 1]
+    assert tokens[0, :5].tolist() == [8, 9, 5, 6, 7]
+    assert tokens[1, :3].tolist() == [4, 1, 2]
+    assert tokens[2, :5].tolist() == [8, 9, 5, 6, 7]
+    assert tokens[3, :2].tolist() == [7, 0]  # slot 2 is known through its bonus token 7
+    # Without sharing, slots 2 and 3 keep to their own tokens.
+    own = NgramDrafter(min_n=1, max_n=3, shared=False)
+    cache, last, seq_len = history(own, seqs)
+    _, prop = draft(own, cache, last, seq_len, depth=6)
+    assert np.asarray(prop.length).tolist() == [5, 3, 0, 3]
+    assert np.asarray(prop.tokens)[3, :3].tolist() == [1, 5, 6]
+
+
+def test_shared_lookup_keeps_each_slots_previous_request():
+    """A prompt that takes a slot from position 0 keeps the slot's earlier requests (16 of
+    them with one slot), and the new request's proposals can continue them."""
+    d = NgramDrafter(min_n=2, max_n=2)
+    cache = d.new_cache(num_slots=1, cache_len=S)
+
+    def prompt(cache, tokens):
+        rows = DraftRows(token=jnp.asarray(tokens, jnp.int32),
+                         next_token=jnp.asarray(tokens, jnp.int32), hidden=None,
+                         position=jnp.arange(len(tokens), dtype=jnp.int32),
+                         slot=jnp.zeros(len(tokens), jnp.int32))
+        return d.prefill([], cache, rows, target_embed=None)
+
+    cache = prompt(cache, [11, 12, 13, 14, 15, 16])
+    assert int(cache.length[0]) == 6 and not np.asarray(cache.previous_len).any()
+    cache = prompt(cache, [30, 31, 32])
+    cache = prompt(cache, [20, 13])  # a new request: "13 14" continues the first one's
+    assert np.asarray(cache.previous_len)[0, :3].tolist() == [3, 6, 0]  # newest first
+    assert int(cache.length[0]) == 2
+    assert np.asarray(cache.previous)[0, 1, :6].tolist() == [11, 12, 13, 14, 15, 16]
+    _, prop = draft(d, cache, jnp.asarray([14], jnp.int32), jnp.asarray([2], jnp.int32))
+    assert np.asarray(prop.length).tolist() == [2]
+    assert np.asarray(prop.tokens)[0, :2].tolist() == [15, 16]
 
 
 def test_confidence_learns_the_hit_rate_of_each_match_length():
@@ -129,3 +179,17 @@ def test_a_method_that_does_not_fit_the_drafter_is_an_error(target_dir):
         SpeculativeConfig(policy="static", num_speculative_tokens=2, method="medusa")
     with pytest.raises(ValueError, match="ngram_min <= ngram_max"):
         SpeculativeConfig(method="ngram", ngram_min=3, ngram_max=2)
+    with pytest.raises(ValueError, match="ngram_shared must be a bool or None"):
+        SpeculativeConfig(method="ngram", ngram_shared="yes")
+
+
+def test_shared_lookup_by_default_with_exact_verification_alone():
+    """Probabilistic verification's sampled output follows the drafts, so by default its
+    n-gram drafter keeps to each request's own tokens: the same requests, alone or batched,
+    give the same output again."""
+    def shares(**kw):
+        return SpeculativeConfig(method="ngram", policy="static", num_speculative_tokens=2,
+                                 **kw).shares_ngrams
+    assert shares() and not shares(verification="probabilistic")
+    assert shares(verification="probabilistic", ngram_shared=True)
+    assert not shares(ngram_shared=False)
