@@ -221,7 +221,10 @@ KEPT_ROWS = 16
 # times the windows): a bucket keeps the latest window hashed to it, so a match is lost where
 # a later window of another n-gram shares its bucket - about one query in ten at this load.
 # At 8 the lookup cost twice as much on the CPU (2.3 ms against 1.1 at 64 slots, max_n 3).
+# At most MAX_BUCKETS (16 MiB of int32 a size): past a million windows (256 slots of 4,096
+# positions) the load grows instead, and more matches are lost.
 TABLE_LOAD = 4
+MAX_BUCKETS = 1 << 22
 _HASH_MULTIPLIER = 1000003  # int32 arithmetic wraps: a polynomial hash of the window
 
 
@@ -247,7 +250,7 @@ def _shared_match(sources: jax.Array, source_len: jax.Array, tokens: jax.Array,
     p = jnp.arange(width)
     usable = p[None, :] + size < source_len[:, None]  # [M, W]
     ids = jnp.where(usable, jnp.arange(m)[:, None] * width + p[None, :], -1)  # [M, W]
-    buckets = 1 << max(int(m * width * TABLE_LOAD - 1).bit_length(), 1)
+    buckets = min(1 << max(int(m * width * TABLE_LOAD - 1).bit_length(), 1), MAX_BUCKETS)
     table = jnp.full((buckets,), -1, jnp.int32).at[
         (_hash(sources, size, width) & (buckets - 1)).ravel()].max(ids.ravel())
     suffix_at = jnp.clip(length - size, 0, s - 1)[:, None] + jnp.arange(size)[None, :]
