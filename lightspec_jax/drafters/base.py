@@ -44,6 +44,20 @@ class DraftRows(NamedTuple):
     position: jax.Array  # [T] int32: p
     slot: jax.Array  # [T] int32; padding rows = N (cache writes dropped)
 
+    def prompt_length(self, length: jax.Array) -> jax.Array:
+        """[N] each slot's known length after these prompt rows: a chunk's rows are its
+        slot's positions up to the chunk's end; slots without rows keep `length` [N]."""
+        n = length.shape[0]
+        end = jnp.full((n + 1,), -1, jnp.int32).at[self.slot].max(self.position + 1)[:n]
+        return jnp.where(end >= 0, end, length).astype(jnp.int32)
+
+    def verified_length(self, length: jax.Array, tail_row: jax.Array) -> jax.Array:
+        """[N] each slot's known length after these verify rows: through its tail row (its
+        last accepted one, tail_row [N]); slots without rows keep `length` [N]."""
+        n = length.shape[0]
+        stepped = jnp.zeros((n + 1,), bool).at[self.slot].set(True)[:n]
+        return jnp.where(stepped, self.position[tail_row] + 1, length).astype(jnp.int32)
+
 
 class Proposal(NamedTuple):
     tokens: jax.Array  # [N, d] int32 target-vocabulary ids

@@ -71,23 +71,18 @@ class DraftLMDrafter(Drafter):
         return cache.tokens.at[rows.slot, rows.position].set(rows.token, mode="drop")
 
     def prefill(self, param_leaves, cache, rows: DraftRows, *, target_embed):
-        n = cache.length.shape[0]
         # A prompt chunk's rows are a slot's positions up to its end: current to there.
-        end = jnp.full((n + 1,), -1, jnp.int32).at[rows.slot].max(rows.position + 1)[:n]
         return DraftLMCache(self._forward(param_leaves, cache.kv, rows.token, rows.position,
                                           rows.slot),
-                            self._keep(cache, rows), jnp.where(end >= 0, end, cache.length))
+                            self._keep(cache, rows), rows.prompt_length(cache.length))
 
     def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, target_embed):
         # The verify rows' inputs, so the accepted prefix is in the draft model's cache.
         # Drafting starts from the bonus token, which the slot state holds: nothing to keep.
         # Each slot with rows is current through its tail row (its last accepted one).
-        n = cache.length.shape[0]
-        stepped = jnp.zeros((n + 1,), bool).at[rows.slot].set(True)[:n]  # [N]
-        length = jnp.where(stepped, rows.position[tail_row] + 1, cache.length)
         return DraftLMCache(self._forward(param_leaves, cache.kv, rows.token, rows.position,
                                           rows.slot),
-                            self._keep(cache, rows), length.astype(jnp.int32))
+                            self._keep(cache, rows), rows.verified_length(cache.length, tail_row))
 
     def record(self, param_leaves, cache, rows: DraftRows):
         return cache._replace(tokens=self._keep(cache, rows))

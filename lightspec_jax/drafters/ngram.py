@@ -111,10 +111,8 @@ class NgramDrafter(Drafter):
 
     def prefill(self, param_leaves, cache, rows: DraftRows, *, target_embed):
         # A new prompt in a slot: its previous request's proposal is not checked against it.
-        n = cache.length.shape[0]
-        # A prompt chunk's rows are a slot's positions up to its end: known to there.
-        end = jnp.full((n + 1,), -1, jnp.int32).at[rows.slot].max(rows.position + 1)[:n]
         if self.config.shared:  # a chunk from position 0 starts a new request: keep the old
+            n = cache.length.shape[0]
             starts = jnp.zeros((n + 1,), bool).at[rows.slot].max(rows.position == 0)[:n]
             kept = jnp.concatenate([cache.tokens[:, None], cache.previous[:, :-1]], axis=1)
             kept_len = jnp.concatenate([cache.length[:, None], cache.previous_len[:, :-1]], 1)
@@ -122,17 +120,15 @@ class NgramDrafter(Drafter):
                 previous=jnp.where(starts[:, None, None], kept, cache.previous),
                 previous_len=jnp.where(starts[:, None], kept_len, cache.previous_len))
         return cache._replace(tokens=_write(cache.tokens, rows),
-                              length=jnp.where(end >= 0, end, cache.length),
+                              length=rows.prompt_length(cache.length),
                               last_len=cache.last_len.at[rows.slot].set(0, mode="drop"))
 
     def commit(self, param_leaves, cache, rows: DraftRows, *, tail_row, target_embed):
         # Every verify row's input token at its position: the accepted prefix is the committed
         # history; rows past it write positions at or beyond the new length, rewritten later.
         # Each slot with rows is known through its tail row (its last accepted one).
-        n = cache.length.shape[0]
-        stepped = jnp.zeros((n + 1,), bool).at[rows.slot].set(True)[:n]  # [N]
-        length = jnp.where(stepped, rows.position[tail_row] + 1, cache.length)
-        return cache._replace(tokens=_write(cache.tokens, rows), length=length.astype(jnp.int32))
+        return cache._replace(tokens=_write(cache.tokens, rows),
+                              length=rows.verified_length(cache.length, tail_row))
 
     def draft(self, param_leaves, cache, *, last_token, seq_len, drafting, depth, max_depth,
               target_embed, sampling=None):
