@@ -6,14 +6,17 @@ not at all, and their full-width survival stops being refreshed; if acceptance t
 stale estimates keep the planner shallow. A probe drafts depth d + 2 (d the current best depth,
 capped at the deepest allowed) and verifies it at full width on the next step: the two
 positions past the best are the ones stage 2 weighs next, and a planner whose best depth grows
-climbs there a depth or two per probe. The first rule, 2d + 1, measured further out at a cost
-growing with d: in the simulator (H200 / Qwen3-14B, code, c = 16) probes to depth 9 or 11
-every 16 steps left the planner 2.2% behind static K = 4 (0.7% with exploration off); over
-the simulator's 15 cells and three seeds d + 2 did at least as well in 14 (BENCHMARKS.md,
-"Fortieth session: probes two depths past the best"). Probes are budgeted: one runs when its
-estimated extra cost (its ms minus its tokens priced at the current best ms/token) is at
-most `explore_fraction` of the step time spent since the last probe, and at least
-`min_probe_interval` steps apart.
+climbs there a depth or two per probe. From the floor (d = 0) a probe asks whether drafting
+pays again, so d is the best depth >= 1 by stage 2's prices: two past the floor, a depth-2
+probe could not see the long runs an n-gram lookup copies, and a lone request (math,
+c = 1) sat at the floor for 300 of 640 steps while static K = 5 drafted on every one. The
+first rule, 2d + 1, measured further out at a cost growing with d: in the simulator (H200 /
+Qwen3-14B, code, c = 16) probes to depth 9 or 11 every 16 steps left the planner 2.2% behind
+static K = 4 (0.7% with exploration off); over the simulator's 15 cells and three seeds d + 2
+did at least as well in 14 (BENCHMARKS.md, "Fortieth session: probes two depths past the
+best"). Probes are budgeted: one runs when its estimated extra cost (its ms minus its tokens
+priced at the current best ms/token) is at most `explore_fraction` of the step time spent
+since the last probe, and at least `min_probe_interval` steps apart.
 
 A rival visit serves the whole-step calibration the same way (`_rival`); one to the floor
 is a short run of floor steps.
@@ -81,6 +84,12 @@ class Exploration:
         # bias alone) through 400 steps of drafting that ran 40% over its price.
         return min((cal.depth_samples(d), value, d) for value, d in close)[2]
 
+    def _best_drafting_depth(self) -> int:
+        """The depth >= 1 stage 2 priced lowest (the shallowest allowed if none is priced)."""
+        depths, _, prices = self._by_depth
+        priced = [(p, d) for d, p in zip(list(depths), prices) if d > 0 and math.isfinite(p)]
+        return int(min(priced)[1]) if priced else self.spec.draft_depths[0]
+
     def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
         """Depth of a probe to start now, or 0 if none is due or affordable."""
         if self.options.explore_fraction <= 0.0:
@@ -88,6 +97,8 @@ class Exploration:
         if self.steps - self._last_probe_step < self.options.min_probe_interval:
             return 0
         depths = self.spec.draft_depths
+        if best_depth == 0:
+            best_depth = self._best_drafting_depth()
         target = min(best_depth + 2, depths[-1])
         probe = next(d for d in depths if d >= target)
         g = self._stage2  # stage 2 priced the probe's depth at its full width

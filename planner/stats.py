@@ -9,7 +9,8 @@ is expected to commit u * p tokens. Following LightLLM's final planner (lightspe
 * a per-depth prefix survival s[j] = P(accept_len > j), updated from full-width steps
   (u = N(d+1)): a trimmed step verifies deep positions only for confident requests and would
   bias s[j] upward for those and leave others unseen (ours: a trimmed step still updates the
-  depths every one of its requests had verified, survival_from_trimmed);
+  depths every one of its requests had verified, survival_from_trimmed; a lookup drafter's
+  short proposal verified whole was seen at every depth);
 * for an unseen key, the survival fill: the device fills depth 1 for every request, then depth
   2, ...; each row at depth j commits s[j] tokens (LightLLM counts an unmeasured depth as
   1.0, which makes unexplored depths look attractive once; we extrapolate: survival.py).
@@ -142,11 +143,16 @@ class AcceptanceStats:
                                None if classes is None else np.asarray(classes)[whole])
             if verify_lens is None:
                 verify_lens = np.full(accept.shape, depth + 1)
-        elif self.survival_from_trimmed and uncensored is None and verify_lens is not None:
+        elif self.survival_from_trimmed and verify_lens is not None:
             # A trimmed step verified every request's first v drafts at least: those depths
             # were seen for all of them, whatever their confidences, and say as much as a
             # full-width step of depth v. (Deeper rows went to the confident requests only.)
-            common = min(int(np.min(verify_lens)) - 1, int(depth))
+            # A proposal shorter than the depth and verified whole (`uncensored`: an n-gram
+            # lookup that found less) was seen at every depth: its missing drafts are misses.
+            seen = np.asarray(verify_lens) - 1  # [N] drafts verified
+            if uncensored is not None:
+                seen = np.where(np.asarray(uncensored, bool), depth, seen)
+            common = min(int(np.min(seen)), int(depth))
             if common >= 1:
                 self.curves.record(accept, common, classes)
         if verify_lens is not None and self.estimator == "interpolate":

@@ -4,6 +4,7 @@ that it is verified at full width by the step that holds its proposal."""
 import numpy as np
 import pytest
 
+from lightspec_jax.planner import PlannerSpec
 from lightspec_scenarios import observe, planner, spec, warm
 
 
@@ -107,3 +108,24 @@ def test_a_probe_waits_out_a_step_without_proposals():
     observe(p, newcomer, [1])
     probe = p.plan(num_requests=1)
     assert probe.reason == "probe" and probe.verified_depth == 3 and probe.fill_rows == 4
+
+
+def test_a_probe_from_the_floor_drafts_two_past_the_best_drafting_depth():
+    # No draft is ever accepted: the floor is the best choice. A probe asks whether drafting
+    # pays again, so it drafts two past the best depth >= 1 (here 1, the cheapest), not two
+    # past the floor: a depth-2 probe cannot see the long runs a lookup drafter copies
+    # (math, n-gram, c = 1: the planner sat at the floor for 300 of 640 steps).
+    s = PlannerSpec(verify_buckets=tuple(range(1, 33)), draft_depths=tuple(range(1, 8)),
+                    max_depth=7, floor=True)
+    p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
+                explore_fraction=0.5, min_probe_interval=4)
+    warm(p, n=4)
+    floors, probes = 0, []
+    for _ in range(60):
+        plan = p.plan(num_requests=4)
+        floors += plan.draft_depth == 0
+        if plan.reason == "probe":
+            probes.append(plan.verified_depth)
+        observe(p, plan, [1] * 4)
+    assert floors > 30 and probes, (floors, probes)
+    assert set(probes) == {3}

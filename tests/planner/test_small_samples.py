@@ -175,3 +175,22 @@ def test_an_autoregressive_stage_is_priced_on_its_line():
     c = StepCosts.price(block, target, draft, num_requests=1, context_len=None,
                         depth_costs=noisy, linear_depth=True)
     assert c.depth_ms(6) == c.depth_ms(5)
+
+
+def test_trimmed_steps_of_short_proposals_teach_every_depth_they_saw():
+    """A lookup drafter's trimmed step (`uncensored` given), depth 3, three requests: the
+    fill cut one proposal after 2 drafts; one proposed 1 draft and one nothing, each verified
+    whole. The short ones were seen at every depth (their missing drafts are misses), so the
+    survival learns depths 1 and 2, all the cut request had verified. (Such steps taught it
+    nothing before, and at c = 1 a lookup drafter trimmed one step in two.)"""
+    stats = AcceptanceStats(max_depth=3, survival_from_trimmed=True)
+    stats.record(num_requests=3, fill_rows=6, depth=3, accept_lens=np.array([3, 2, 1]),
+                 verify_lens=np.array([3, 2, 1]), step=0,
+                 uncensored=np.array([False, True, True]))
+    np.testing.assert_allclose(stats.survival[1:3], [2 / 3, 1 / 3])
+    assert np.isnan(stats.survival[3])
+    # Every proposal verified whole: the trimmed step saw the whole depth.
+    whole = AcceptanceStats(max_depth=3, survival_from_trimmed=True)
+    whole.record(num_requests=2, fill_rows=4, depth=3, accept_lens=np.array([3, 1]),
+                 verify_lens=np.array([3, 1]), step=0, uncensored=np.array([True, True]))
+    np.testing.assert_allclose(whole.survival[1:], [0.5, 0.5, 0.0])
