@@ -9,7 +9,7 @@ positions past the best are the ones stage 2 weighs next, and a planner whose be
 climbs there a depth or two per probe. From the floor (d = 0) a probe asks whether drafting
 pays again, so d is the best depth >= 1 by stage 2's prices: two past the floor, a depth-2
 probe could not see the long runs an n-gram lookup copies, and a lone request (math,
-c = 1) sat at the floor for 300 of 640 steps while static K = 5 drafted on every one. The
+c = 1) sat at the floor for 419 of 636 steps while static K = 5 drafted on every one. The
 first rule, 2d + 1, measured further out at a cost growing with d: in the simulator (H200 /
 Qwen3-14B, code, c = 16) probes to depth 9 or 11 every 16 steps left the planner 2.2% behind
 static K = 4 (0.7% with exploration off); over the simulator's 15 cells and three seeds d + 2

@@ -114,7 +114,7 @@ def test_a_probe_from_the_floor_drafts_two_past_the_best_drafting_depth():
     # No draft is ever accepted: the floor is the best choice. A probe asks whether drafting
     # pays again, so it drafts two past the best depth >= 1 (here 1, the cheapest), not two
     # past the floor: a depth-2 probe cannot see the long runs a lookup drafter copies
-    # (math, n-gram, c = 1: the planner sat at the floor for 300 of 640 steps).
+    # (math, n-gram, c = 1: the planner sat at the floor for 419 of 636 steps).
     s = PlannerSpec(verify_buckets=tuple(range(1, 33)), draft_depths=tuple(range(1, 8)),
                     max_depth=7, floor=True)
     p = planner(s, {b: 10.0 + b for b in range(1, 33)}, {b: 1.0 for b in range(1, 33)},
