@@ -84,11 +84,16 @@ class Exploration:
         # bias alone) through 400 steps of drafting that ran 40% over its price.
         return min((cal.depth_samples(d), value, d) for value, d in close)[2]
 
-    def _best_drafting_depth(self) -> int:
-        """The depth >= 1 stage 2 priced lowest (the shallowest allowed if none is priced)."""
+    def _best_drafting(self) -> tuple[int, float]:
+        """(depth, price) of the depth >= 1 stage 2 priced lowest, the shallower among equals
+        ((the shallowest allowed, inf) if none is priced): what the floor is weighed against,
+        and where a probe from the floor starts."""
         depths, _, prices = self._by_depth
         priced = [(p, d) for d, p in zip(list(depths), prices) if d > 0 and math.isfinite(p)]
-        return int(min(priced)[1]) if priced else self.spec.draft_depths[0]
+        if not priced:
+            return self.spec.draft_depths[0], math.inf
+        price, depth = min(priced)
+        return int(depth), price
 
     def _maybe_probe(self, costs: StepCosts, n: int, best_depth: int, best_j: float) -> int:
         """Depth of a probe to start now, or 0 if none is due or affordable."""
@@ -98,7 +103,7 @@ class Exploration:
             return 0
         depths = self.spec.draft_depths
         if best_depth == 0:
-            best_depth = self._best_drafting_depth()
+            best_depth = self._best_drafting()[0]
         target = min(best_depth + 2, depths[-1])
         probe = next(d for d in depths if d >= target)
         g = self._stage2  # stage 2 priced the probe's depth at its full width

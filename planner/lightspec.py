@@ -322,14 +322,14 @@ class LightSpecPlanner(Exploration, DecisionReuse, BasePlanner):
         for depth, value in zip(depths.tolist(), best_by_depth):
             if value < best_j * (1.0 - 1e-12):  # ties (to rounding) keep the smaller depth
                 best_depth, best_j = depth, value
+        # [D] each depth's best price and its bucket, for _rival and _best_drafting
+        self._by_depth = (depths, g.buckets[np.argmin(j, axis=1)], best_by_depth)
         if best_depth == 0 and len(depths) > 1:
             # The floor also forfeits the next step's proposal (and what it would teach):
             # take it only when it is clearly cheaper than the best speculative choice.
-            spec_depth = 1 + int(np.argmin(best_by_depth[1:]))
-            if best_by_depth[0] >= (1.0 - self.options.floor_margin) * best_by_depth[spec_depth]:
-                best_depth, best_j = int(depths[spec_depth]), best_by_depth[spec_depth]
-        # [D] each depth's best price and its bucket, for _rival
-        self._by_depth = (depths, g.buckets[np.argmin(j, axis=1)], best_by_depth)
+            spec_depth, spec_j = self._best_drafting()
+            if best_by_depth[0] >= (1.0 - self.options.floor_margin) * spec_j:
+                best_depth, best_j = spec_depth, spec_j
         return best_depth, best_j
 
     def _scales(self, buckets: np.ndarray, depths: np.ndarray) -> np.ndarray:
